@@ -4,6 +4,8 @@ go 1.26.8
 
 require (
 	github.com/containerd/cgroups/v3 v3.1.3 // indirect
+	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
+	github.com/google/go-containerregistry v0.22.1 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/moby/sys/userns v0.1.0 // indirect
 	github.com/opencontainers/runtime-spec v1.3.0 // indirect

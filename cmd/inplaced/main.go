@@ -1,0 +1,117 @@
+// Command inplaced is the node daemon: a transparent CRI v1 proxy with an
+// in-place swap engine. See docs/architecture.md.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/inplaced/inplaced/pkg/config"
+	"github.com/inplaced/inplaced/pkg/daemon"
+	"github.com/inplaced/inplaced/pkg/version"
+)
+
+func main() {
+	if err := newRootCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "inplaced:", err)
+		os.Exit(1)
+	}
+}
+
+func newRootCommand() *cobra.Command {
+	def := config.Default()
+	var (
+		flagCfg    = def
+		configPath = config.DefaultConfigPath
+	)
+	cmd := &cobra.Command{
+		Use:           "inplaced",
+		Short:         "CRI v1 proxy that changes containers in place",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.Load(configPath, cmd.Flags().Changed("config"))
+			if err != nil {
+				return err
+			}
+			overrideFromFlags(&cfg, flagCfg, cmd.Flags())
+			if err := cfg.Validate(); err != nil {
+				return fmt.Errorf("invalid configuration:\n%w", err)
+			}
+			log, err := newLogger(cfg.LogLevel, cfg.LogFormat)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = log.Sync() }()
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			log.Info("starting inplaced", zap.String("version", version.Version), zap.String("commit", version.Commit))
+			return daemon.Run(ctx, cfg, log)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&configPath, "config", configPath, "YAML configuration file (flags win over it)")
+	f.StringVar(&flagCfg.Listen, "listen", def.Listen, "CRI socket to serve (kubelet's --container-runtime-endpoint)")
+	f.StringVar(&flagCfg.RuntimeEndpoint, "runtime-endpoint", def.RuntimeEndpoint, "backend CRI runtime endpoint")
+	f.StringVar(&flagCfg.ImageEndpoint, "image-endpoint", "", "backend CRI image endpoint (default: the runtime endpoint)")
+	f.StringVar(&flagCfg.StateDir, "state-dir", def.StateDir, "directory for the state store and swap journal")
+	f.StringVar(&flagCfg.ControlSocket, "control-socket", def.ControlSocket, "control API socket (inplacectl)")
+	f.StringVar(&flagCfg.LogLevel, "log-level", def.LogLevel, "debug, info, warn or error")
+	f.StringVar(&flagCfg.LogFormat, "log-format", def.LogFormat, "json or console")
+	f.DurationVar((*timeDuration)(&flagCfg.HealthMinRuntime).ptr(), "health-min-runtime", def.HealthMinRuntime.D(), "how long a swapped-in container must keep running before the swap commits")
+	cmd.AddCommand(newVersionCommand())
+	return cmd
+}
+
+// overrideFromFlags copies every flag the user set over the file's values.
+func overrideFromFlags(cfg *config.Config, flags config.Config, fs *pflag.FlagSet) {
+	set := func(name string, dst *string, v string) {
+		if fs.Changed(name) {
+			*dst = v
+		}
+	}
+	set("listen", &cfg.Listen, flags.Listen)
+	set("runtime-endpoint", &cfg.RuntimeEndpoint, flags.RuntimeEndpoint)
+	set("image-endpoint", &cfg.ImageEndpoint, flags.ImageEndpoint)
+	set("state-dir", &cfg.StateDir, flags.StateDir)
+	set("control-socket", &cfg.ControlSocket, flags.ControlSocket)
+	set("log-level", &cfg.LogLevel, flags.LogLevel)
+	set("log-format", &cfg.LogFormat, flags.LogFormat)
+	if fs.Changed("health-min-runtime") {
+		cfg.HealthMinRuntime = flags.HealthMinRuntime
+	}
+}
+
+func newVersionCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print version, commit and CRI API version",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintf(cmd.OutOrStdout(), "inplaced %s\ncommit: %s\nCRI API: %s\n", version.Version, version.Commit, version.CRIAPIVersion)
+		},
+	}
+}
+
+func newLogger(level, format string) (*zap.Logger, error) {
+	var lvl zapcore.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: %w", level, err)
+	}
+	zc := zap.NewProductionConfig()
+	if format == "console" {
+		zc = zap.NewDevelopmentConfig()
+	}
+	zc.Level = zap.NewAtomicLevelAt(lvl)
+	zc.Sampling = nil // every RPC line at debug, every swap step: never drop
+	return zc.Build()
+}

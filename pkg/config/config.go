@@ -1,0 +1,151 @@
+// Package config holds inplaced's configuration: defaults in one place, a
+// YAML file, and validation with errors that say what to change.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// DefaultConfigPath is read when present and --config is not given.
+const DefaultConfigPath = "/etc/inplaced/config.yaml"
+
+// Config is the daemon configuration. Field names are the YAML keys.
+type Config struct {
+	// Listen is the CRI socket kubelet and crictl talk to.
+	Listen string `json:"listen"`
+	// RuntimeEndpoint is the backend CRI runtime (containerd, CRI-O).
+	RuntimeEndpoint string `json:"runtimeEndpoint"`
+	// ImageEndpoint is the backend image service; empty means RuntimeEndpoint.
+	ImageEndpoint string `json:"imageEndpoint"`
+	// StateDir holds the state store and swap journal.
+	StateDir string `json:"stateDir"`
+	// ControlSocket serves the inplaced control API.
+	ControlSocket string `json:"controlSocket"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `json:"logLevel"`
+	// LogFormat is json or console.
+	LogFormat string `json:"logFormat"`
+	// ShutdownTimeout bounds how long in-flight calls may run after SIGTERM.
+	ShutdownTimeout Duration `json:"shutdownTimeout"`
+	// HealthMinRuntime is how long a swapped-in container must keep running
+	// before the swap commits, unless the request says otherwise.
+	HealthMinRuntime Duration `json:"healthMinRuntime"`
+	// FenceTimeout bounds how long kubelet's calls for a container wait for a
+	// running swap on it.
+	FenceTimeout Duration `json:"fenceTimeout"`
+	// VMRuntimeHandlers are runtime handlers whose sandboxes are VMs (Kata):
+	// host cgroup writes do not reach the guest.
+	VMRuntimeHandlers []string `json:"vmRuntimeHandlers"`
+	// CgroupRoot is where the cgroup hierarchies are mounted.
+	CgroupRoot string `json:"cgroupRoot"`
+}
+
+// Default returns the configuration used when nothing is set.
+func Default() Config {
+	return Config{
+		Listen:            "/run/inplaced/inplaced.sock",
+		RuntimeEndpoint:   "unix:///run/containerd/containerd.sock",
+		StateDir:          "/var/lib/inplaced",
+		ControlSocket:     "/run/inplaced/control.sock",
+		LogLevel:          "info",
+		LogFormat:         "json",
+		ShutdownTimeout:   Duration(10 * time.Second),
+		HealthMinRuntime:  Duration(3 * time.Second),
+		FenceTimeout:      Duration(2 * time.Minute),
+		VMRuntimeHandlers: []string{"kata", "kata-qemu", "kata-clh", "kata-fc"},
+		CgroupRoot:        "/sys/fs/cgroup",
+	}
+}
+
+// Load reads a YAML file over the defaults. A missing file at the default
+// path is not an error; a missing file that was asked for is.
+func Load(path string, explicit bool) (Config, error) {
+	cfg := Default()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) && !explicit {
+			return cfg, nil
+		}
+		return cfg, fmt.Errorf("read config %s: %w", path, err)
+	}
+	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
+		return cfg, fmt.Errorf("parse config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// EffectiveImageEndpoint is the image endpoint, defaulted to the runtime's.
+func (c Config) EffectiveImageEndpoint() string {
+	if c.ImageEndpoint == "" {
+		return c.RuntimeEndpoint
+	}
+	return c.ImageEndpoint
+}
+
+// Validate reports every problem at once.
+func (c Config) Validate() error {
+	var errs []error
+	for _, s := range []struct{ name, path string }{
+		{"listen", c.Listen}, {"control-socket", c.ControlSocket}, {"state-dir", c.StateDir},
+	} {
+		if s.path == "" || !filepath.IsAbs(s.path) {
+			errs = append(errs, fmt.Errorf("--%s %q: must be an absolute path", s.name, s.path))
+		}
+	}
+	if c.Listen != "" && c.Listen == c.ControlSocket {
+		errs = append(errs, fmt.Errorf("--listen and --control-socket are both %q: give them different paths", c.Listen))
+	}
+	for _, e := range []struct{ name, ep string }{
+		{"runtime-endpoint", c.RuntimeEndpoint}, {"image-endpoint", c.EffectiveImageEndpoint()},
+	} {
+		if !strings.HasPrefix(e.ep, "unix://") && !strings.HasPrefix(e.ep, "/") {
+			errs = append(errs, fmt.Errorf("--%s %q: want unix:///path/to.sock", e.name, e.ep))
+		}
+		if strings.TrimPrefix(e.ep, "unix://") == c.Listen {
+			errs = append(errs, fmt.Errorf("--%s points at inplaced's own --listen socket %q: that would loop", e.name, c.Listen))
+		}
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel))
+	}
+	switch c.LogFormat {
+	case "json", "console":
+	default:
+		errs = append(errs, fmt.Errorf("--log-format %q: want json or console", c.LogFormat))
+	}
+	if c.ShutdownTimeout <= 0 || c.FenceTimeout <= 0 || c.HealthMinRuntime < 0 {
+		errs = append(errs, errors.New("shutdownTimeout and fenceTimeout must be positive, healthMinRuntime not negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// Duration is a time.Duration that reads "10s" from YAML.
+type Duration time.Duration
+
+// D returns the time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return []byte(`"` + time.Duration(d).String() + `"`), nil
+}
+
+// UnmarshalJSON reads "10s" (or a number of nanoseconds).
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	s := strings.Trim(string(b), `"`)
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %s: %w (write e.g. \"10s\")", b, err)
+	}
+	*d = Duration(v)
+	return nil
+}

@@ -1,0 +1,23 @@
+// Package relay is inplaced's CRI v1 pass-through: a gRPC server that forwards
+// every call it receives to a backend CRI endpoint as opaque protobuf frames,
+// and decodes only the methods that have an interceptor registered.
+//
+// How it works:
+//
+//   - The server is created with grpc.UnknownServiceHandler and a codec that
+//     passes *Frame values through untouched (ForceServerCodec), so no CRI
+//     service is registered: every method, including ones added to CRI after
+//     this build, reaches Relay.handle. The proxy never answers Unimplemented
+//     on its own — the backend does, if it must.
+//   - Methods known to be unary (from the cri-api ServiceDescs) take a fast
+//     path: one frame in, conn.Invoke, one frame out. Everything else
+//     (GetContainerEvents, Stream* and unknown methods) is pumped as a
+//     bidirectional stream, which is correct for every gRPC streaming shape.
+//   - Metadata, deadlines and cancellation travel with the context; headers
+//     and trailers are copied back; backend status errors are returned as
+//     they are, so codes and messages reach the caller unchanged.
+//   - An Interceptor registered for a method sees the raw request and a
+//     `next` that forwards it. Unary adapts a typed function
+//     (e.g. *runtimeapi.CreateContainerRequest) to that shape, so only
+//     intercepted methods pay for decoding.
+package relay

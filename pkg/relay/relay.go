@@ -1,0 +1,239 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// MaxMsgSize bounds messages in both directions. kubelet uses 16 MiB; a
+// ListContainers on a busy node must never be cut by the proxy first.
+const MaxMsgSize = 64 << 20
+
+// imageServicePrefix routes ImageService calls to the image backend.
+var imageServicePrefix = "/" + runtimeapi.ImageService_ServiceDesc.ServiceName + "/"
+
+// Relay forwards CRI calls to the backend connections.
+type Relay struct {
+	runtime *grpc.ClientConn
+	image   *grpc.ClientConn
+	table   Table
+	unary   map[string]bool
+	log     *zap.Logger
+
+	drainOnce sync.Once
+	drain     chan struct{} // closed on shutdown: streams end
+}
+
+// Option configures a Relay.
+type Option func(*Relay)
+
+// WithLogger sets the logger; the default is a no-op logger.
+func WithLogger(l *zap.Logger) Option { return func(r *Relay) { r.log = l } }
+
+// WithImageConn routes ImageService calls to a separate backend.
+func WithImageConn(c *grpc.ClientConn) Option { return func(r *Relay) { r.image = c } }
+
+// WithInterceptors installs the interceptor table.
+func WithInterceptors(t Table) Option { return func(r *Relay) { r.table = t } }
+
+// New returns a relay to the runtime backend conn.
+func New(runtime *grpc.ClientConn, opts ...Option) *Relay {
+	r := &Relay{runtime: runtime, table: Table{}, log: zap.NewNop(), drain: make(chan struct{})}
+	for _, o := range opts {
+		o(r)
+	}
+	if r.image == nil {
+		r.image = runtime
+	}
+	r.unary = unaryMethods()
+	return r
+}
+
+// unaryMethods lists the unary methods of the CRI services this build knows.
+// Anything not listed is relayed as a stream, which is correct for any shape.
+func unaryMethods() map[string]bool {
+	m := map[string]bool{}
+	for _, sd := range []grpc.ServiceDesc{runtimeapi.RuntimeService_ServiceDesc, runtimeapi.ImageService_ServiceDesc} {
+		for _, md := range sd.Methods {
+			m["/"+sd.ServiceName+"/"+md.MethodName] = true
+		}
+	}
+	return m
+}
+
+// ServerOptions are the options a grpc.Server needs to serve this relay.
+func (r *Relay) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.UnknownServiceHandler(r.handle),
+		grpc.ForceServerCodec(codec{}),
+		grpc.MaxRecvMsgSize(MaxMsgSize),
+		grpc.MaxSendMsgSize(MaxMsgSize),
+	}
+}
+
+// Drain makes every relayed stream end; unary calls are unaffected so that a
+// graceful stop can let them finish.
+func (r *Relay) Drain() { r.drainOnce.Do(func() { close(r.drain) }) }
+
+func (r *Relay) conn(method string) *grpc.ClientConn {
+	if strings.HasPrefix(method, imageServicePrefix) {
+		return r.image
+	}
+	return r.runtime
+}
+
+func (r *Relay) handle(_ any, ss grpc.ServerStream) error {
+	method, ok := grpc.MethodFromServerStream(ss)
+	if !ok {
+		return status.Error(codes.Internal, "relay: no method in stream")
+	}
+	start := time.Now()
+	ctx := outgoing(ss.Context())
+	var err error
+	var req []byte
+	if r.unary[method] {
+		req, err = r.handleUnary(ctx, method, ss)
+	} else {
+		err = r.handleStream(ctx, method, ss)
+	}
+	if ce := r.log.Check(zapcore.DebugLevel, "rpc"); ce != nil {
+		fields := []zap.Field{
+			zap.String("method", method),
+			zap.Duration("duration", time.Since(start)),
+			zap.String("code", status.Code(err).String()),
+		}
+		fields = append(fields, idFields(method, req)...)
+		if err != nil {
+			fields = append(fields, zap.String("error", status.Convert(err).Message()))
+		}
+		ce.Write(fields...)
+	}
+	return err
+}
+
+func (r *Relay) handleUnary(ctx context.Context, method string, ss grpc.ServerStream) ([]byte, error) {
+	var in Frame
+	if err := ss.RecvMsg(&in); err != nil {
+		return nil, err
+	}
+	var header, trailer metadata.MD
+	conn := r.conn(method)
+	final := func(ctx context.Context, req []byte) ([]byte, error) {
+		var out Frame
+		err := conn.Invoke(ctx, method, &Frame{Data: req}, &out, grpc.Header(&header), grpc.Trailer(&trailer))
+		return out.Data, err
+	}
+	invoke := Invoker(final)
+	if ics := r.table[method]; len(ics) > 0 {
+		invoke = chain(ics, final)
+	}
+	out, err := invoke(ctx, in.Data)
+	if len(header) > 0 {
+		_ = ss.SetHeader(header)
+	}
+	if len(trailer) > 0 {
+		ss.SetTrailer(trailer)
+	}
+	if err != nil {
+		return in.Data, err
+	}
+	return in.Data, ss.SendMsg(&Frame{Data: out})
+}
+
+var bidi = &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}
+
+// handleStream pumps frames both ways until the backend ends the stream, the
+// caller goes away or the relay drains.
+func (r *Relay) handleStream(ctx context.Context, method string, ss grpc.ServerStream) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-r.drain:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	cs, err := r.conn(method).NewStream(ctx, bidi, method)
+	if err != nil {
+		return err
+	}
+	// caller -> backend
+	go func() {
+		for {
+			var f Frame
+			if err := ss.RecvMsg(&f); err != nil {
+				if errors.Is(err, io.EOF) {
+					_ = cs.CloseSend()
+				} else {
+					cancel()
+				}
+				return
+			}
+			if err := cs.SendMsg(&f); err != nil {
+				return // the backend's error surfaces on RecvMsg below
+			}
+		}
+	}()
+	// backend -> caller
+	headerSent := false
+	for {
+		var f Frame
+		err := cs.RecvMsg(&f)
+		if !headerSent {
+			if md, herr := cs.Header(); herr == nil && len(md) > 0 {
+				_ = ss.SetHeader(md)
+			}
+			headerSent = true
+		}
+		if err != nil {
+			if md := cs.Trailer(); len(md) > 0 {
+				ss.SetTrailer(md)
+			}
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if status.Code(err) == codes.Canceled {
+				select {
+				case <-r.drain:
+					return status.Error(codes.Unavailable, "inplaced is shutting down")
+				default:
+				}
+			}
+			return err
+		}
+		if err := ss.SendMsg(&f); err != nil {
+			return err
+		}
+	}
+}
+
+// outgoing turns the caller's metadata into metadata for the backend call.
+// The context keeps the caller's deadline and cancellation.
+func outgoing(ctx context.Context) context.Context {
+	md, ok := metadata.FromIncomingContext(ctx)
+	if !ok {
+		return ctx
+	}
+	out := make(metadata.MD, len(md))
+	for k, v := range md {
+		// Transport-level headers are the client connection's own to set.
+		if strings.HasPrefix(k, ":") || k == "content-type" || k == "user-agent" || k == "te" {
+			continue
+		}
+		out[k] = v
+	}
+	return metadata.NewOutgoingContext(ctx, out)
+}
