@@ -1,0 +1,123 @@
+package resources
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Result is what Apply did.
+type Result struct {
+	// Before is what Apply read: the state after the runtime's own update.
+	Before Current
+	// Writes are the files written, in order, each with its content before
+	// (From) and after (To). Every one was read back and matched. Empty when
+	// the runtime had already applied everything.
+	Writes []Write
+}
+
+// Apply reads t's cgroups, plans the writes that make them match want (see
+// Plan; prev is optional) and performs them in order, all or nothing: each
+// file is read back after it is written, and on the first failure every file
+// already written is restored, newest first, before an *ApplyError is
+// returned that says what is in effect now. A refusal (ErrBelowUsage,
+// ErrInvalidLimits, ErrInvalidTarget) or a read error writes nothing.
+//
+// ctx is checked between writes; once writing has begun the restore runs to
+// the end whatever ctx says, because an undo that can be cancelled leaves a
+// half-resized container behind.
+func (m *Manager) Apply(ctx context.Context, t Target, want Limits, prev *Limits) (Result, error) {
+	if err := ctx.Err(); err != nil {
+		return Result{}, fmt.Errorf("resources: apply: %w", err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+
+	cur, err := m.Read(t)
+	if err != nil {
+		return Result{}, err
+	}
+	res := Result{Before: cur}
+	plan, err := m.Plan(cur, want, prev)
+	if err != nil {
+		return res, err
+	}
+	done := make([]Write, 0, len(plan))
+	for i, w := range plan {
+		if err := ctx.Err(); err != nil {
+			return res, m.undo(i+1, len(plan), w, fmt.Errorf("not attempted: %w", err), done, false)
+		}
+		w, changed, err := m.writeChecked(w)
+		if err != nil {
+			return res, m.undo(i+1, len(plan), w, err, done, changed)
+		}
+		done = append(done, w)
+	}
+	res.Writes = done
+	return res, nil
+}
+
+// writeChecked performs one write and reads it back. From is re-read just
+// before writing, so a restore puts back what was really there. changed
+// reports that the file may no longer hold From (the write went through but
+// the read-back did not match), so the undo must cover it too.
+func (m *Manager) writeChecked(w Write) (_ Write, changed bool, _ error) {
+	before, err := m.fs.ReadFile(w.Path)
+	if err != nil {
+		return w, false, fmt.Errorf("read %s before writing: %w", w.Path, err)
+	}
+	w.From = strings.TrimSpace(string(before))
+	if err := m.fs.WriteFile(w.Path, []byte(w.To)); err != nil {
+		return w, false, fmt.Errorf("write %q to %s: %w", w.To, w.Path, err)
+	}
+	return w, true, m.verify(w.Path, w.File, w.To)
+}
+
+func (m *Manager) verify(path, file, want string) error {
+	got, err := m.fs.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read back %s: %w", path, err)
+	}
+	if !m.sameContent(file, string(got), want) {
+		return fmt.Errorf("%w: %s reads %q after writing %q", ErrNotApplied, path, strings.TrimSpace(string(got)), want)
+	}
+	return nil
+}
+
+// undo restores the writes in done, newest first, and builds the error that
+// tells the caller what is in effect now.
+func (m *Manager) undo(step, steps int, failed Write, cause error, done []Write, failedChanged bool) error {
+	e := &ApplyError{Step: step, Steps: steps, Failed: failed, Err: cause}
+	toRestore := done
+	if failedChanged {
+		toRestore = append(toRestore[:len(toRestore):len(toRestore)], failed)
+	}
+	var errs []error
+	for i := len(toRestore) - 1; i >= 0; i-- {
+		w := toRestore[i]
+		if err := m.fs.WriteFile(w.Path, []byte(w.From)); err != nil {
+			errs = append(errs, fmt.Errorf("restore %q to %s: %w", w.From, w.Path, err))
+			continue
+		}
+		if err := m.verify(w.Path, w.File, w.From); err != nil {
+			errs = append(errs, fmt.Errorf("restore %s: %w", w.Path, err))
+			continue
+		}
+		e.Restored = append(e.Restored, w)
+	}
+	if len(errs) > 0 {
+		e.RestoreErr = fmt.Errorf("%w: %w", ErrRestoreFailed, errors.Join(errs...))
+	}
+	// The failed file is reported too: it is the one the caller will ask about.
+	for _, w := range append(done[:len(done):len(done)], failed) {
+		v := FileValue{Level: w.Level, Path: w.Path}
+		if b, err := m.fs.ReadFile(w.Path); err != nil {
+			v.Err = err
+		} else {
+			v.Value = strings.TrimSpace(string(b))
+		}
+		e.InEffect = append(e.InEffect, v)
+	}
+	return e
+}

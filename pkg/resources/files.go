@@ -1,0 +1,166 @@
+package resources
+
+import (
+	"fmt"
+	"math"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/cgroups/v3/cgroup2"
+)
+
+// The cgroup files this package reads and writes. The controller (the v1
+// mount point under the root) is the part of the name before the first dot.
+const (
+	// cgroup v1
+	fileQuota      = "cpu.cfs_quota_us"
+	filePeriod     = "cpu.cfs_period_us"
+	fileShares     = "cpu.shares"
+	fileMemLimit   = "memory.limit_in_bytes"
+	fileMemswLimit = "memory.memsw.limit_in_bytes" // only with swap accounting
+	fileMemUsageV1 = "memory.usage_in_bytes"
+	// cgroup v2
+	fileCPUMax     = "cpu.max"
+	fileWeight     = "cpu.weight"
+	fileMemMax     = "memory.max"
+	fileMemCurrent = "memory.current"
+)
+
+// filePath is where file of cgroup cg lives: <root>/<cg>/<file> on v2,
+// <root>/<controller>/<cg>/<file> on v1 ("cpu" may be a symlink to
+// "cpu,cpuacct"; the kernel and systemd keep both names working).
+func (m *Manager) filePath(cg, file string) string {
+	if m.v2 {
+		return filepath.Join(m.root, cg, file)
+	}
+	controller, _, _ := strings.Cut(file, ".")
+	return filepath.Join(m.root, controller, cg, file)
+}
+
+func (m *Manager) readString(cg, file string) (string, error) {
+	b, err := m.fs.ReadFile(m.filePath(cg, file))
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", m.filePath(cg, file), err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+func (m *Manager) readUint(cg, file string) (uint64, error) {
+	s, err := m.readString(cg, file)
+	if err != nil {
+		return 0, err
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parse %s: %w", m.filePath(cg, file), err)
+	}
+	return v, nil
+}
+
+func (m *Manager) readQuota(cg string) (int64, error) {
+	s, err := m.readString(cg, fileQuota)
+	if err != nil {
+		return 0, err
+	}
+	q, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parse %s: %w", m.filePath(cg, fileQuota), err)
+	}
+	return max(q, Unlimited), nil
+}
+
+func (m *Manager) readMemLimit(cg, file string) (int64, error) {
+	s, err := m.readString(cg, file)
+	if err != nil {
+		return 0, err
+	}
+	v, err := m.parseMemLimit(s)
+	if err != nil {
+		return 0, fmt.Errorf("parse %s: %w", m.filePath(cg, file), err)
+	}
+	return v, nil
+}
+
+// parseMemLimit reads a memory limit the way both versions spell it: v2 "max",
+// v1 "-1" as written, or the largest page count the kernel stores for "no
+// limit" (9223372036854771712 with 4 KiB pages) as read back.
+func (m *Manager) parseMemLimit(s string) (int64, error) {
+	if s == "max" || s == "-1" {
+		return Unlimited, nil
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, err
+	}
+	if v >= uint64(math.MaxInt64/m.page*m.page) {
+		return Unlimited, nil
+	}
+	return int64(v), nil
+}
+
+// formatMemLimit is what to write for a memory limit.
+func (m *Manager) formatMemLimit(v int64) string {
+	if v == Unlimited && m.v2 {
+		return "max"
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+// pageRound is the value the kernel keeps for a memory limit: it counts pages
+// and drops the remainder, so 100000000 reads back as 99999744.
+func (m *Manager) pageRound(v int64) int64 {
+	if v == Unlimited {
+		return v
+	}
+	return v / m.page * m.page
+}
+
+// parseCPUMax reads v2 cpu.max: "<quota|max> <period>".
+func parseCPUMax(s string) (quota int64, period uint64, err error) {
+	q, p, ok := strings.Cut(s, " ")
+	if !ok {
+		return 0, 0, fmt.Errorf("cpu.max %q: want \"<quota|max> <period>\"", s)
+	}
+	if period, err = strconv.ParseUint(p, 10, 64); err != nil {
+		return 0, 0, fmt.Errorf("cpu.max period: %w", err)
+	}
+	if q == "max" {
+		return Unlimited, period, nil
+	}
+	if quota, err = strconv.ParseInt(q, 10, 64); err != nil {
+		return 0, 0, fmt.Errorf("cpu.max quota: %w", err)
+	}
+	return quota, period, nil
+}
+
+// formatCPUMax uses the library's formatter so "max" is spelled as the
+// containerd stack spells it.
+func formatCPUMax(quota int64, period uint64) string {
+	var q *int64
+	if quota != Unlimited {
+		q = &quota
+	}
+	return string(cgroup2.NewCPUMax(q, &period))
+}
+
+// sameContent reports whether two contents of file mean the same setting, so
+// a read-back can be compared with what was written ("-1" and
+// "9223372036854771712", or 100000000 and 99999744, are the same memory limit).
+func (m *Manager) sameContent(file, a, b string) bool {
+	a, b = strings.TrimSpace(a), strings.TrimSpace(b)
+	if a == b {
+		return true
+	}
+	switch file {
+	case fileMemLimit, fileMemswLimit, fileMemMax:
+		x, errX := m.parseMemLimit(a)
+		y, errY := m.parseMemLimit(b)
+		return errX == nil && errY == nil && m.pageRound(x) == m.pageRound(y)
+	case fileCPUMax:
+		q1, p1, errX := parseCPUMax(a)
+		q2, p2, errY := parseCPUMax(b)
+		return errX == nil && errY == nil && q1 == q2 && p1 == p2
+	}
+	return false
+}

@@ -1,0 +1,116 @@
+package resources
+
+import (
+	"fmt"
+	"path"
+	"strings"
+)
+
+// Cgroup drivers, as kubelet's and containerd's SystemdCgroup setting name them.
+const (
+	DriverCgroupfs = "cgroupfs"
+	DriverSystemd  = "systemd"
+)
+
+// Target names one container's cgroup.
+type Target struct {
+	// CgroupsPath is linux.cgroupsPath of the container's OCI runtime spec:
+	// "/kubepods/burstable/pod<uid>/<id>" (cgroupfs) or
+	// "kubepods-burstable-pod<uid>.slice:cri-containerd:<id>" (systemd).
+	CgroupsPath string
+	// Driver is DriverCgroupfs or DriverSystemd; empty means "guess from the
+	// path's shape" (systemd paths are "slice:prefix:name", never absolute).
+	Driver string
+}
+
+// cgroups returns the container's cgroup and its parent, the pod cgroup, as
+// paths relative to a hierarchy root ("/kubepods/.../<id>").
+func (t Target) cgroups() (container, pod string, err error) {
+	driver := t.Driver
+	if driver == "" {
+		driver = DriverCgroupfs
+		if !strings.HasPrefix(t.CgroupsPath, "/") && strings.Count(t.CgroupsPath, ":") == 2 {
+			driver = DriverSystemd
+		}
+	}
+	switch driver {
+	case DriverCgroupfs:
+		container, err = cgroupfsPath(t.CgroupsPath)
+	case DriverSystemd:
+		container, err = systemdPath(t.CgroupsPath)
+	default:
+		return "", "", fmt.Errorf("%w: unknown cgroup driver %q", ErrInvalidTarget, t.Driver)
+	}
+	if err != nil {
+		return "", "", err
+	}
+	pod = path.Dir(container)
+	if pod == "/" {
+		return "", "", fmt.Errorf("%w: %q has no parent (pod) cgroup", ErrInvalidTarget, t.CgroupsPath)
+	}
+	return container, pod, nil
+}
+
+func cgroupfsPath(p string) (string, error) {
+	if !strings.HasPrefix(p, "/") {
+		return "", fmt.Errorf("%w: cgroupfs path %q is not absolute", ErrInvalidTarget, p)
+	}
+	// The path comes from the runtime; refuse anything that would lead out of
+	// the hierarchy rather than trusting Clean to fold it away.
+	for _, part := range strings.Split(p, "/") {
+		if part == ".." {
+			return "", fmt.Errorf("%w: cgroupfs path %q contains ..", ErrInvalidTarget, p)
+		}
+	}
+	return path.Clean(p), nil
+}
+
+// systemdPath turns "slice:prefix:name" into the cgroup path systemd creates
+// for it, the way runc does: the slice expands into its ancestors
+// ("a-b.slice" → "/a.slice/a-b.slice") and the container is the scope
+// "<prefix>-<name>.scope", unless name is itself a slice.
+func systemdPath(p string) (string, error) {
+	parts := strings.Split(p, ":")
+	if len(parts) != 3 {
+		return "", fmt.Errorf("%w: systemd path %q is not slice:prefix:name", ErrInvalidTarget, p)
+	}
+	slice, prefix, name := parts[0], parts[1], parts[2]
+	if slice == "" {
+		slice = "system.slice" // runc's default
+	}
+	dir, err := expandSlice(slice)
+	if err != nil {
+		return "", err
+	}
+	if name == "" || strings.Contains(name, "/") || strings.Contains(prefix, "/") {
+		return "", fmt.Errorf("%w: systemd path %q has a bad unit name", ErrInvalidTarget, p)
+	}
+	unit := name
+	if !strings.HasSuffix(name, ".slice") {
+		unit = name + ".scope"
+		if prefix != "" {
+			unit = prefix + "-" + unit
+		}
+	}
+	return path.Join(dir, unit), nil
+}
+
+func expandSlice(slice string) (string, error) {
+	const suffix = ".slice"
+	if len(slice) <= len(suffix) || !strings.HasSuffix(slice, suffix) || strings.Contains(slice, "/") {
+		return "", fmt.Errorf("%w: invalid systemd slice %q", ErrInvalidTarget, slice)
+	}
+	name := strings.TrimSuffix(slice, suffix)
+	if name == "-" {
+		return "/", nil // the root slice
+	}
+	var dir, prefix string
+	for _, component := range strings.Split(name, "-") {
+		if component == "" {
+			return "", fmt.Errorf("%w: invalid systemd slice %q", ErrInvalidTarget, slice)
+		}
+		dir += "/" + prefix + component + suffix
+		prefix += component + "-"
+	}
+	return dir, nil
+}
