@@ -1,0 +1,230 @@
+package swap
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/inplaced/inplaced/pkg/store"
+	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
+)
+
+// target is a resolved swap target: the running container and what it was
+// created from.
+type target struct {
+	container *runtimeapi.Container
+	status    *runtimeapi.ContainerStatus
+	sandbox   *runtimeapi.PodSandboxStatus
+	request   *runtimeapi.CreateContainerRequest // recorded or adopted
+	name      string
+}
+
+// Resolve finds the running container a Target names. Exported for the
+// resize path, which targets containers the same way.
+func Resolve(ctx context.Context, rt runtimeapi.RuntimeServiceClient, t *inplacedv1.Target) (*runtimeapi.Container, error) {
+	switch {
+	case t.GetContainerId() != "" && (t.GetPod() != "" || t.GetContainer() != ""):
+		return nil, status.Error(codes.InvalidArgument, "give either --id or POD -n NAMESPACE -c CONTAINER, not both")
+	case t.GetContainerId() != "":
+		resp, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+		if err != nil {
+			return nil, err
+		}
+		var match []*runtimeapi.Container
+		for _, c := range resp.Containers {
+			if c.Id == t.ContainerId {
+				match = []*runtimeapi.Container{c}
+				break
+			}
+			if strings.HasPrefix(c.Id, t.ContainerId) {
+				match = append(match, c)
+			}
+		}
+		switch len(match) {
+		case 0:
+			return nil, status.Errorf(codes.NotFound, "no container with ID or prefix %q", t.ContainerId)
+		case 1:
+			return match[0], nil
+		default:
+			return nil, status.Errorf(codes.InvalidArgument, "container ID prefix %q matches %d containers: give more of the ID", t.ContainerId, len(match))
+		}
+	case t.GetPod() != "" && t.GetContainer() != "":
+		ns := t.GetNamespace()
+		if ns == "" {
+			ns = "default"
+		}
+		resp, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
+			LabelSelector: map[string]string{LabelPodNamespace: ns, LabelPodName: t.Pod, LabelContainerName: t.Container},
+		}})
+		if err != nil {
+			return nil, err
+		}
+		cs := resp.Containers
+		if len(cs) == 0 {
+			return nil, status.Errorf(codes.NotFound, "no container %q in pod %s/%s (kubelet labels io.kubernetes.pod.name/namespace, io.kubernetes.container.name)", t.Container, ns, t.Pod)
+		}
+		// kubelet follows the newest container of a name; so do we.
+		sort.Slice(cs, func(i, j int) bool { return cs[i].CreatedAt > cs[j].CreatedAt })
+		return cs[0], nil
+	default:
+		return nil, status.Error(codes.InvalidArgument, "no target: give POD -n NAMESPACE -c CONTAINER or --id CONTAINER_ID")
+	}
+}
+
+// resolve finds the container and its recorded configuration, and checks that
+// a swap may start: the container runs and its sandbox is ready.
+func (e *Engine) resolve(ctx context.Context, t *inplacedv1.Target) (*target, error) {
+	c, err := Resolve(ctx, e.rt, t)
+	if err != nil {
+		return nil, err
+	}
+	if c.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		return nil, status.Errorf(codes.FailedPrecondition, "container %s is %s, not running: a swap replaces a running container", short(c.Id), c.State)
+	}
+	st, err := e.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: c.Id, Verbose: true})
+	if err != nil {
+		return nil, fmt.Errorf("container status %s: %w", short(c.Id), err)
+	}
+	ps, err := e.rt.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: c.PodSandboxId, Verbose: true})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox status %s: %w", short(c.PodSandboxId), err)
+	}
+	if ps.Status.State != runtimeapi.PodSandboxState_SANDBOX_READY {
+		return nil, status.Errorf(codes.FailedPrecondition, "pod sandbox %s is not ready: nothing to swap into", short(c.PodSandboxId))
+	}
+	req, err := e.recorded(ctx, c.Id, st, ps)
+	if err != nil {
+		return nil, err
+	}
+	name := c.Labels[LabelContainerName]
+	if name == "" {
+		name = c.GetMetadata().GetName()
+	}
+	return &target{container: c, status: st.Status, sandbox: ps.Status, request: req, name: name}, nil
+}
+
+// recorded returns the CreateContainerRequest a container was made from: from
+// the store when it passed through inplaced, else adopted from the backend's
+// verbose status (containerd keeps the original CRI configs there).
+func (e *Engine) recorded(ctx context.Context, id string, st *runtimeapi.ContainerStatusResponse, ps *runtimeapi.PodSandboxStatusResponse) (*runtimeapi.CreateContainerRequest, error) {
+	req, err := e.store.Container(id)
+	if err == nil {
+		if req.SandboxConfig == nil {
+			if sb, err := e.store.Sandbox(req.PodSandboxId); err == nil {
+				req.SandboxConfig = sb.Config
+			}
+		}
+		if req.SandboxConfig != nil {
+			return req, nil
+		}
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("read recorded config of %s: %w", short(id), err)
+	}
+	legacy := e.legacyEnvJSON(ctx)
+	cfg := &runtimeapi.ContainerConfig{}
+	if err := decodeInfoConfig(st.GetInfo(), cfg, legacy); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"container %s was created before inplaced ran and the backend does not expose its CRI config (%v): it cannot be swapped; recreate the pod once with inplaced in place", short(id), err)
+	}
+	sbCfg := &runtimeapi.PodSandboxConfig{}
+	if sb, err := e.store.Sandbox(st.GetStatus().GetId()); err == nil {
+		sbCfg = sb.Config
+	} else if err := decodeInfoConfig(ps.GetInfo(), sbCfg, legacy); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"sandbox of %s: the backend does not expose its CRI config (%v): it cannot be swapped", short(id), err)
+	}
+	req = &runtimeapi.CreateContainerRequest{PodSandboxId: ps.GetStatus().GetId(), Config: cfg, SandboxConfig: sbCfg}
+	// Adopted: record it so the next swap does not depend on the backend.
+	if err := e.store.PutContainer(id, req); err != nil {
+		return nil, fmt.Errorf("record adopted config of %s: %w", short(id), err)
+	}
+	return req, nil
+}
+
+// decodeInfoConfig reads the "config" member of containerd's verbose "info"
+// JSON into msg. containerd marshals the CRI Go structs with encoding/json,
+// so the same structs read it back. cri-api v0.37 made KeyValue.value bytes
+// (base64 in JSON); containerd built against older cri-api writes a plain
+// string: legacy says which.
+func decodeInfoConfig(info map[string]string, msg any, legacy bool) error {
+	raw, ok := info["info"]
+	if !ok {
+		return errors.New("no verbose info")
+	}
+	var top struct {
+		Config json.RawMessage `json:"config"`
+	}
+	if err := json.Unmarshal([]byte(raw), &top); err != nil {
+		return fmt.Errorf("decode verbose info: %w", err)
+	}
+	if len(top.Config) == 0 || string(top.Config) == "null" {
+		return errors.New("verbose info has no config")
+	}
+	data := []byte(top.Config)
+	if legacy {
+		var err error
+		if data, err = base64EnvValues(data); err != nil {
+			return err
+		}
+	}
+	if err := json.Unmarshal(data, msg); err != nil {
+		return fmt.Errorf("decode config: %w", err)
+	}
+	return nil
+}
+
+// base64EnvValues rewrites envs[].value from plain strings to base64 so that
+// the []byte field of the current cri-api decodes them.
+func base64EnvValues(data []byte) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("decode config: %w", err)
+	}
+	raw, ok := m["envs"]
+	if !ok {
+		return data, nil
+	}
+	var envs []map[string]any
+	if err := json.Unmarshal(raw, &envs); err != nil {
+		return nil, fmt.Errorf("decode envs: %w", err)
+	}
+	for _, kv := range envs {
+		if s, ok := kv["value"].(string); ok {
+			kv["value"] = base64.StdEncoding.EncodeToString([]byte(s))
+		}
+	}
+	if m["envs"], ok = nil, true; ok {
+		b, err := json.Marshal(envs)
+		if err != nil {
+			return nil, err
+		}
+		m["envs"] = b
+	}
+	return json.Marshal(m)
+}
+
+// legacyEnvJSON reports whether the backend is containerd 1.x, which writes
+// env values as plain JSON strings.
+func (e *Engine) legacyEnvJSON(ctx context.Context) bool {
+	v, err := e.rt.Version(ctx, &runtimeapi.VersionRequest{})
+	if err != nil {
+		return false
+	}
+	ver := strings.TrimPrefix(v.RuntimeVersion, "v")
+	return v.RuntimeName == "containerd" && strings.HasPrefix(ver, "1.")
+}
+
+func short(id string) string {
+	if len(id) > 13 {
+		return id[:13]
+	}
+	return id
+}
