@@ -65,22 +65,25 @@ func (m *Manager) Apply(ctx context.Context, t Target, want Limits, prev *Limits
 func (m *Manager) writeChecked(w Write) (_ Write, changed bool, _ error) {
 	before, err := m.fs.ReadFile(w.Path)
 	if err != nil {
-		return w, false, fmt.Errorf("read %s before writing: %w", w.Path, err)
+		return w, false, fmt.Errorf("read before writing: %w", err)
 	}
 	w.From = strings.TrimSpace(string(before))
 	if err := m.fs.WriteFile(w.Path, []byte(w.To)); err != nil {
-		return w, false, fmt.Errorf("write %q to %s: %w", w.To, w.Path, err)
+		return w, false, fmt.Errorf("write %q: %w", w.To, err)
 	}
 	return w, true, m.verify(w.Path, w.File, w.To)
 }
 
+// verify reads path back and compares it with what was written. Its errors
+// name no path: the caller's message already does.
+
 func (m *Manager) verify(path, file, want string) error {
 	got, err := m.fs.ReadFile(path)
 	if err != nil {
-		return fmt.Errorf("read back %s: %w", path, err)
+		return fmt.Errorf("read back: %w", err)
 	}
 	if !m.sameContent(file, string(got), want) {
-		return fmt.Errorf("%w: %s reads %q after writing %q", ErrNotApplied, path, strings.TrimSpace(string(got)), want)
+		return fmt.Errorf("%w: reads %q after writing %q", ErrNotApplied, strings.TrimSpace(string(got)), want)
 	}
 	return nil
 }
@@ -97,11 +100,11 @@ func (m *Manager) undo(step, steps int, failed Write, cause error, done []Write,
 	for i := len(toRestore) - 1; i >= 0; i-- {
 		w := toRestore[i]
 		if err := m.fs.WriteFile(w.Path, []byte(w.From)); err != nil {
-			errs = append(errs, fmt.Errorf("restore %q to %s: %w", w.From, w.Path, err))
+			errs = append(errs, fmt.Errorf("restore %s to %q: %w", w.Path, w.From, err))
 			continue
 		}
 		if err := m.verify(w.Path, w.File, w.From); err != nil {
-			errs = append(errs, fmt.Errorf("restore %s: %w", w.Path, err))
+			errs = append(errs, fmt.Errorf("restore %s to %q: %w", w.Path, w.From, err))
 			continue
 		}
 		e.Restored = append(e.Restored, w)
