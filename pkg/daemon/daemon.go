@@ -13,8 +13,15 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
 	"github.com/inplaced/inplaced/pkg/config"
+	"github.com/inplaced/inplaced/pkg/control"
+	"github.com/inplaced/inplaced/pkg/fence"
+	"github.com/inplaced/inplaced/pkg/intercept"
 	"github.com/inplaced/inplaced/pkg/relay"
+	"github.com/inplaced/inplaced/pkg/store"
+	"github.com/inplaced/inplaced/pkg/swap"
 )
 
 // Run serves until ctx is cancelled, then shuts down gracefully: it stops
@@ -37,23 +44,57 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) (retErr error)
 		defer imageConn.Close()
 	}
 
-	table := relay.Table{}
-	r := relay.New(runtimeConn,
+	st, err := store.Open(cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	fences := fence.NewRegistry()
+	rt := runtimeapi.NewRuntimeServiceClient(runtimeConn)
+	engine, err := swap.New(swap.Options{
+		Runtime: rt, Images: runtimeapi.NewImageServiceClient(imageConn),
+		Store: st, Fences: fences, Logger: log.Named("swap"), HealthMinRuntime: cfg.HealthMinRuntime.D(),
+	})
+	if err != nil {
+		return err
+	}
+	// Unfinished swaps are settled before kubelet is served, so it never
+	// sees a half-done swap from before the crash.
+	recoverSwaps(ctx, engine, log)
+
+	ics, err := intercept.New(intercept.Options{Store: st, Fences: fences, Logger: log.Named("intercept"), FenceTimeout: cfg.FenceTimeout.D()})
+	if err != nil {
+		return err
+	}
+	opts := []relay.Option{
 		relay.WithImageConn(imageConn),
-		relay.WithInterceptors(table),
+		relay.WithInterceptors(ics.Table()),
 		relay.WithLogger(log.Named("relay")),
-	)
+	}
+	for m, f := range ics.StreamFilters() {
+		opts = append(opts, relay.WithStreamFilter(m, f))
+	}
+	r := relay.New(runtimeConn, opts...)
 
 	lis, err := listenUnix(cfg.Listen)
 	if err != nil {
 		return err
 	}
 	srv := grpc.NewServer(r.ServerOptions()...)
-	errc := make(chan error, 1)
+	ctlLis, err := listenUnix(cfg.ControlSocket)
+	if err != nil {
+		lis.Close()
+		return err
+	}
+	ctl := grpc.NewServer(control.ServerOptions()...)
+	control.New(engine, st, nil).Register(ctl)
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(lis) }()
+	go func() { errc <- ctl.Serve(ctlLis) }()
 
 	log.Info("serving CRI",
 		zap.String("listen", cfg.Listen),
+		zap.String("control_socket", cfg.ControlSocket),
 		zap.String("runtime_endpoint", cfg.RuntimeEndpoint),
 		zap.String("image_endpoint", cfg.EffectiveImageEndpoint()))
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
@@ -68,10 +109,52 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) (retErr error)
 	log.Info("shutting down", zap.Duration("timeout", cfg.ShutdownTimeout.D()))
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
 	gracefulStop(srv, r, cfg.ShutdownTimeout.D())
-	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-		return err
+	ctl.Stop()
+	waitSwaps(engine, cfg.ShutdownTimeout.D(), log)
+	for range 2 {
+		if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return err
+		}
 	}
 	return nil
+}
+
+// recoverSwaps settles the journal. When the backend is not reachable yet it
+// keeps trying in the background rather than holding kubelet off.
+func recoverSwaps(ctx context.Context, engine *swap.Engine, log *zap.Logger) {
+	try := func() error {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		return engine.Recover(rctx)
+	}
+	if err := try(); err != nil {
+		log.Error("swap recovery failed; retrying in the background", zap.Error(err))
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(5 * time.Second):
+				}
+				if err := try(); err == nil {
+					log.Info("swap recovery done")
+					return
+				}
+			}
+		}()
+	}
+}
+
+// waitSwaps gives running swaps time to finish; what does not finish is
+// journaled and settled by the next start.
+func waitSwaps(engine *swap.Engine, timeout time.Duration, log *zap.Logger) {
+	done := make(chan struct{})
+	go func() { engine.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		log.Warn("swaps still running at shutdown: the journal will settle them on next start")
+	}
 }
 
 // gracefulStop ends streams at once (they never finish by themselves), lets

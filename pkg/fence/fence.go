@@ -204,3 +204,14 @@ func (f *Fence) View() View {
 	}
 	return View{Masking: f.masking, OldID: f.oldID, OldStatus: f.oldStatus, OldEntry: f.oldEntry, Hidden: h}
 }
+
+// All returns the fences of every running swap.
+func (r *Registry) All() []*Fence {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*Fence, 0, len(r.fences))
+	for _, f := range r.fences {
+		out = append(out, f)
+	}
+	return out
+}

@@ -29,6 +29,7 @@ type Relay struct {
 	runtime *grpc.ClientConn
 	image   *grpc.ClientConn
 	table   Table
+	filters map[string]StreamFilter
 	unary   map[string]bool
 	log     *zap.Logger
 
@@ -48,9 +49,19 @@ func WithImageConn(c *grpc.ClientConn) Option { return func(r *Relay) { r.image 
 // WithInterceptors installs the interceptor table.
 func WithInterceptors(t Table) Option { return func(r *Relay) { r.table = t } }
 
+// StreamFilter sees each message a backend stream sends for one method and
+// says whether the caller gets it. It is how the interceptors keep a swap
+// out of GetContainerEvents.
+type StreamFilter func(ctx context.Context, msg []byte) bool
+
+// WithStreamFilter installs a filter for a streaming method.
+func WithStreamFilter(method string, f StreamFilter) Option {
+	return func(r *Relay) { r.filters[method] = f }
+}
+
 // New returns a relay to the runtime backend conn.
 func New(runtime *grpc.ClientConn, opts ...Option) *Relay {
-	r := &Relay{runtime: runtime, table: Table{}, log: zap.NewNop(), drain: make(chan struct{})}
+	r := &Relay{runtime: runtime, table: Table{}, filters: map[string]StreamFilter{}, log: zap.NewNop(), drain: make(chan struct{})}
 	for _, o := range opts {
 		o(r)
 	}
@@ -188,6 +199,7 @@ func (r *Relay) handleStream(ctx context.Context, method string, ss grpc.ServerS
 		}
 	}()
 	// backend -> caller
+	filter := r.filters[method]
 	headerSent := false
 	for {
 		var f Frame
@@ -213,6 +225,9 @@ func (r *Relay) handleStream(ctx context.Context, method string, ss grpc.ServerS
 				}
 			}
 			return err
+		}
+		if filter != nil && !filter(ctx, f.Data) {
+			continue
 		}
 		if err := ss.SendMsg(&f); err != nil {
 			return err

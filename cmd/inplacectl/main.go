@@ -1,0 +1,76 @@
+// Command inplacectl drives inplaced's control API: swaps, reverts,
+// overrides and resizes.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
+)
+
+const defaultControlSocket = "/run/inplaced/control.sock"
+
+type globals struct {
+	socket string
+	output string
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := newRoot().ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		if st, ok := status.FromError(err); ok {
+			fmt.Fprintf(os.Stderr, "inplacectl: %s: %s\n", st.Code(), st.Message())
+		} else {
+			fmt.Fprintln(os.Stderr, "inplacectl:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+func newRoot() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "inplacectl",
+		Short:         "Change containers in place through inplaced",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&g.socket, "control-socket", defaultControlSocket, "inplaced control API socket")
+	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	root.AddCommand(newSwapCommand(g), newSwapsCommand(g), newRevertCommand(g), newOverridesCommand(g),
+		newResizeCommand(g), newResizesCommand(g))
+	return root
+}
+
+func (g *globals) client() (inplacedv1.ControlClient, func(), error) {
+	if g.output != "table" && g.output != "json" {
+		return nil, nil, fmt.Errorf("-o %q: want table or json", g.output)
+	}
+	if _, err := os.Stat(g.socket); err != nil {
+		return nil, nil, fmt.Errorf("control socket %s: %w (is inplaced running? set --control-socket)", g.socket, err)
+	}
+	conn, err := grpc.NewClient("unix://"+g.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, err
+	}
+	return inplacedv1.NewControlClient(conn), func() { conn.Close() }, nil
+}
+
+func ts(ns int64) string {
+	if ns == 0 {
+		return "-"
+	}
+	return time.Unix(0, ns).Format(time.RFC3339)
+}

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
+)
+
+// parseResources reads Kubernetes quantities ("1500m", "512Mi").
+func parseResources(cpu, cpuRequest, memory string) (*inplacedv1.Resources, error) {
+	if cpu == "" && cpuRequest == "" && memory == "" {
+		return nil, nil
+	}
+	r := &inplacedv1.Resources{}
+	for _, q := range []struct {
+		flag, val string
+		set       func(resource.Quantity)
+	}{
+		{"--cpu", cpu, func(q resource.Quantity) { r.CpuLimitMillis = q.MilliValue() }},
+		{"--cpu-request", cpuRequest, func(q resource.Quantity) { r.CpuRequestMillis = q.MilliValue() }},
+		{"--memory", memory, func(q resource.Quantity) { r.MemoryLimitBytes = q.Value() }},
+	} {
+		if q.val == "" {
+			continue
+		}
+		v, err := resource.ParseQuantity(q.val)
+		if err != nil {
+			return nil, fmt.Errorf("%s %q: %w (write e.g. 1500m, 2, 512Mi)", q.flag, q.val, err)
+		}
+		if v.Sign() <= 0 {
+			return nil, fmt.Errorf("%s %q: must be positive", q.flag, q.val)
+		}
+		q.set(v)
+	}
+	return r, nil
+}
+
+func newResizeCommand(g *globals) *cobra.Command {
+	var t targetFlags
+	var cpu, cpuReq, mem string
+	cmd := &cobra.Command{
+		Use:   "resize POD -n NAMESPACE -c CONTAINER [--cpu 1500m] [--cpu-request 500m] [--memory 512Mi]",
+		Short: "Change a running container's CPU and memory limits without a restart",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			target, err := t.target(args)
+			if err != nil {
+				return err
+			}
+			res, err := parseResources(cpu, cpuReq, mem)
+			if err != nil {
+				return err
+			}
+			if res == nil {
+				return fmt.Errorf("nothing to resize: give --cpu, --cpu-request or --memory")
+			}
+			c, done, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			rec, err := c.Resize(cmd.Context(), &inplacedv1.ResizeRequest{Target: target, Resources: res})
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				return printJSON(cmd.OutOrStdout(), rec)
+			}
+			printResize(cmd.OutOrStdout(), rec)
+			return nil
+		},
+	}
+	t.add(cmd)
+	cmd.Flags().StringVar(&cpu, "cpu", "", "CPU limit (quota), e.g. 1500m")
+	cmd.Flags().StringVar(&cpuReq, "cpu-request", "", "CPU request (cpu.shares / cpu.weight)")
+	cmd.Flags().StringVar(&mem, "memory", "", "memory limit, e.g. 512Mi")
+	return cmd
+}
+
+func printResize(w io.Writer, r *inplacedv1.ResizeRecord) {
+	fmt.Fprintf(w, "resize %s of %s/%s/%s (%s): %s via %s in %s\n", r.Id, r.Namespace, r.Pod, r.Container, shortID(r.ContainerId),
+		r.Result, r.Method, time.Duration(r.DurationNs).Round(time.Microsecond))
+	fmt.Fprintf(w, "  in effect: cpu quota %d/%d, shares %d, memory %d\n", r.InEffect.GetCpuQuota(), r.InEffect.GetCpuPeriod(), r.InEffect.GetCpuShares(), r.InEffect.GetMemoryLimitBytes())
+	if len(r.Repaired) > 0 {
+		fmt.Fprintf(w, "  repaired by inplaced: %s\n", strings.Join(r.Repaired, ", "))
+	}
+	if r.Error != "" {
+		fmt.Fprintf(w, "  error: %s\n", r.Error)
+	}
+}
+
+func newResizesCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "resizes",
+		Short: "List resize history",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, done, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := c.ListResizes(cmd.Context(), &inplacedv1.ListResizesRequest{})
+			if err != nil {
+				return err
+			}
+			if g.output == "json" {
+				return printJSON(cmd.OutOrStdout(), resp)
+			}
+			for _, r := range resp.Resizes {
+				printResize(cmd.OutOrStdout(), r)
+			}
+			return nil
+		},
+	}
+}
+
+func printJSON(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{Multiline: true, UseProtoNames: true}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(w, string(b))
+	return nil
+}

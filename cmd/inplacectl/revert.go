@@ -1,0 +1,65 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
+)
+
+func newRevertCommand(g *globals) *cobra.Command {
+	var t targetFlags
+	cmd := &cobra.Command{
+		Use:   "revert POD -n NAMESPACE -c CONTAINER",
+		Short: "Drop a container's swap override and swap back to the declared config",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			target, err := t.target(args)
+			if err != nil {
+				return err
+			}
+			c, done, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			stream, err := c.Revert(cmd.Context(), &inplacedv1.RevertRequest{Target: target})
+			if err != nil {
+				return err
+			}
+			return followSwap(stream, g.output, cmd.OutOrStdout())
+		},
+	}
+	t.add(cmd)
+	return cmd
+}
+
+func newOverridesCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "overrides",
+		Short: "Show, per container, the active sticky override and the swap it comes from",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, done, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := c.ListOverrides(cmd.Context(), &inplacedv1.ListOverridesRequest{})
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			if g.output == "json" {
+				return printJSON(w, resp)
+			}
+			fmt.Fprintf(w, "%-40s %-32s %-40s %s\n", "POD/CONTAINER", "SWAP", "IMAGE", "ENV KEYS")
+			for _, o := range resp.Overrides {
+				fmt.Fprintf(w, "%-40s %-32s %-40s %s\n", o.Namespace+"/"+o.Pod+"/"+o.Container, o.SwapId, o.To.GetImage(), strings.Join(o.To.GetEnv(), ","))
+			}
+			return nil
+		},
+	}
+}

@@ -1,0 +1,35 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
+)
+
+// targetFlags are the two ways to name a container: POD -n NS -c NAME, or --id.
+type targetFlags struct {
+	namespace, container, id string
+}
+
+func (t *targetFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVarP(&t.namespace, "namespace", "n", "default", "pod namespace")
+	cmd.Flags().StringVarP(&t.container, "container", "c", "", "container name in the pod")
+	cmd.Flags().StringVar(&t.id, "id", "", "container ID or unique ID prefix (instead of POD -c CONTAINER)")
+}
+
+func (t *targetFlags) target(args []string) (*inplacedv1.Target, error) {
+	switch {
+	case t.id != "" && len(args) > 0:
+		return nil, fmt.Errorf("give either POD -c CONTAINER or --id, not both")
+	case t.id != "":
+		return &inplacedv1.Target{ContainerId: t.id}, nil
+	case len(args) == 1 && t.container != "":
+		return &inplacedv1.Target{Namespace: t.namespace, Pod: args[0], Container: t.container}, nil
+	case len(args) == 1:
+		return nil, fmt.Errorf("pod %q: give the container with -c CONTAINER", args[0])
+	default:
+		return nil, fmt.Errorf("no target: give POD -n NAMESPACE -c CONTAINER or --id CONTAINER_ID")
+	}
+}

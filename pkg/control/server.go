@@ -1,0 +1,141 @@
+// Package control serves the inplaced.v1 Control API on the control socket.
+// It is a thin edge: it reads the caller's credentials, hands requests to
+// the swap engine and the resizer, and streams events back. Errors from the
+// engine are already gRPC status errors.
+package control
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/inplaced/inplaced/pkg/store"
+	"github.com/inplaced/inplaced/pkg/swap"
+	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
+)
+
+// Resizer performs in-place resizes (package resize). Optional.
+type Resizer interface {
+	Resize(ctx context.Context, req *inplacedv1.ResizeRequest, uid, pid int64) (*inplacedv1.ResizeRecord, error)
+}
+
+// Server implements inplacedv1.ControlServer.
+type Server struct {
+	inplacedv1.UnimplementedControlServer
+	engine  *swap.Engine
+	store   *store.Store
+	resizer Resizer
+}
+
+// New returns a control server.
+func New(engine *swap.Engine, st *store.Store, resizer Resizer) *Server {
+	return &Server{engine: engine, store: st, resizer: resizer}
+}
+
+// ServerOptions are the grpc.Server options the control socket needs.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.Creds(peerCreds{})}
+}
+
+// Register registers the service.
+func (s *Server) Register(g *grpc.Server) { inplacedv1.RegisterControlServer(g, s) }
+
+func stream(sub *swap.Subscription, out grpc.ServerStreamingServer[inplacedv1.SwapEvent]) error {
+	for ev := range sub.C {
+		if err := out.Send(ev); err != nil {
+			// The caller went away; the swap goes on.
+			return nil
+		}
+	}
+	return nil
+}
+
+// Swap implements inplacedv1.ControlServer.
+func (s *Server) Swap(req *inplacedv1.SwapRequest, out grpc.ServerStreamingServer[inplacedv1.SwapEvent]) error {
+	uid, pid := callerOf(out.Context())
+	sub, err := s.engine.Start(out.Context(), req, swap.Caller{UID: uid, PID: pid})
+	if err != nil {
+		return err
+	}
+	return stream(sub, out)
+}
+
+// Revert implements inplacedv1.ControlServer.
+func (s *Server) Revert(req *inplacedv1.RevertRequest, out grpc.ServerStreamingServer[inplacedv1.SwapEvent]) error {
+	uid, pid := callerOf(out.Context())
+	sub, err := s.engine.Revert(out.Context(), req, swap.Caller{UID: uid, PID: pid})
+	if err != nil {
+		return err
+	}
+	return stream(sub, out)
+}
+
+// WatchSwap implements inplacedv1.ControlServer.
+func (s *Server) WatchSwap(req *inplacedv1.WatchSwapRequest, out grpc.ServerStreamingServer[inplacedv1.SwapEvent]) error {
+	sub, rec, err := s.engine.Watch(req.Id)
+	if err != nil {
+		return err
+	}
+	if sub == nil {
+		return out.Send(&inplacedv1.SwapEvent{SwapId: rec.Id, Step: "end", Message: rec.State.String(), Record: rec})
+	}
+	return stream(sub, out)
+}
+
+// GetSwap implements inplacedv1.ControlServer.
+func (s *Server) GetSwap(_ context.Context, req *inplacedv1.GetSwapRequest) (*inplacedv1.SwapRecord, error) {
+	rec, err := s.store.Swap(req.Id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, status.Errorf(codes.NotFound, "no swap %q: inplacectl swaps lists them", req.Id)
+	}
+	return rec, err
+}
+
+// ListSwaps implements inplacedv1.ControlServer.
+func (s *Server) ListSwaps(ctx context.Context, req *inplacedv1.ListSwapsRequest) (*inplacedv1.ListSwapsResponse, error) {
+	recs, err := s.engine.List(ctx, req.Target)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "%v", err)
+	}
+	return &inplacedv1.ListSwapsResponse{Swaps: recs}, nil
+}
+
+// ListOverrides implements inplacedv1.ControlServer.
+func (s *Server) ListOverrides(context.Context, *inplacedv1.ListOverridesRequest) (*inplacedv1.ListOverridesResponse, error) {
+	os, err := s.store.Overrides()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "read overrides: %v", err)
+	}
+	resp := &inplacedv1.ListOverridesResponse{}
+	for _, o := range os {
+		to := &inplacedv1.ConfigSummary{Image: o.Image, Command: o.Command, Args: o.Args}
+		for _, kv := range o.Env {
+			to.Env = append(to.Env, kv.Key)
+		}
+		resp.Overrides = append(resp.Overrides, &inplacedv1.Override{Namespace: o.Namespace, Pod: o.Pod, PodUid: o.PodUID,
+			Container: o.Container, SwapId: o.SwapID, Hash: o.Hash, To: to, SandboxId: o.SandboxID})
+	}
+	return resp, nil
+}
+
+// Resize implements inplacedv1.ControlServer.
+func (s *Server) Resize(ctx context.Context, req *inplacedv1.ResizeRequest) (*inplacedv1.ResizeRecord, error) {
+	if s.resizer == nil {
+		return nil, status.Error(codes.Unimplemented, "resize is not enabled in this daemon")
+	}
+	uid, pid := callerOf(ctx)
+	return s.resizer.Resize(ctx, req, uid, pid)
+}
+
+// ListResizes implements inplacedv1.ControlServer.
+func (s *Server) ListResizes(context.Context, *inplacedv1.ListResizesRequest) (*inplacedv1.ListResizesResponse, error) {
+	rs, err := s.store.Resizes()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "read resize history: %v", err)
+	}
+	return &inplacedv1.ListResizesResponse{Resizes: rs}, nil
+}
+

@@ -1,0 +1,165 @@
+package intercept
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/inplaced/inplaced/pkg/fence"
+	"github.com/inplaced/inplaced/pkg/store"
+	"github.com/inplaced/inplaced/pkg/swap"
+	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
+)
+
+// waitFence waits for the swap holding f, bounded by the fence timeout.
+func (i *Interceptors) waitFence(ctx context.Context, f *fence.Fence, method string) (fence.Outcome, error) {
+	i.log.Info("kubelet call waits for a swap", zap.String("method", method), zap.String("swap_id", f.SwapID))
+	wctx, cancel := context.WithTimeout(ctx, i.fenceTimeout)
+	defer cancel()
+	out, err := f.Wait(wctx)
+	if err != nil {
+		return out, status.Errorf(codes.Unavailable, "container %s is being swapped by inplaced (swap %s): retry", f.Key, f.SwapID)
+	}
+	return out, nil
+}
+
+func (i *Interceptors) createContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest,
+	next func(context.Context, *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error),
+) (*runtimeapi.CreateContainerResponse, error) {
+	name := req.GetConfig().GetMetadata().GetName()
+	key := fence.Key{SandboxID: req.PodSandboxId, Name: name}
+	i.count(key.String() + "/CreateContainer")
+	if f := i.fences.Lookup(key); f != nil {
+		out, err := i.waitFence(ctx, f, "CreateContainer")
+		if err != nil {
+			return nil, err
+		}
+		// kubelet raced the swap: it gets the swap's container rather than a
+		// second one of the same name.
+		if out.RunningID != "" {
+			i.mu.Lock()
+			i.handed[out.RunningID] = true
+			i.mu.Unlock()
+			i.log.Info("answered kubelet's CreateContainer with the swap's container",
+				zap.String("swap_id", f.SwapID), zap.String("container_id", out.RunningID))
+			return &runtimeapi.CreateContainerResponse{ContainerId: out.RunningID}, nil
+		}
+	}
+	req = i.applyOverride(req)
+	resp, err := next(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if err := i.store.PutContainer(resp.ContainerId, req); err != nil {
+		i.log.Error("record container config", zap.String("container_id", resp.ContainerId), zap.Error(err))
+	}
+	return resp, nil
+}
+
+// applyOverride makes a committed swap sticky across kubelet's restarts of
+// the container, unless kubelet's config carries a different hash: then the
+// pod spec changed, and the declared spec wins.
+func (i *Interceptors) applyOverride(req *runtimeapi.CreateContainerRequest) *runtimeapi.CreateContainerRequest {
+	cfg := req.GetConfig()
+	name := cfg.GetMetadata().GetName()
+	o, err := i.store.Override(req.PodSandboxId, name)
+	if err != nil {
+		if !errors.Is(err, store.ErrNotFound) {
+			i.log.Error("read override", zap.Error(err))
+		}
+		return req
+	}
+	hash := cfg.GetAnnotations()[swap.AnnotationHash]
+	if hash != o.Hash {
+		i.log.Info("pod spec changed: dropping swap override",
+			zap.String("sandbox_id", req.PodSandboxId), zap.String("container", name),
+			zap.String("swap_id", o.SwapID), zap.String("override_hash", o.Hash), zap.String("kubelet_hash", hash))
+		if err := i.store.DeleteOverride(req.PodSandboxId, name); err != nil {
+			i.log.Error("drop override", zap.Error(err))
+		}
+		now := i.now().UnixNano()
+		i.recordEvent(&inplacedv1.SwapRecord{
+			Id: fmt.Sprintf("override-dropped-%d", now), Kind: "override-dropped",
+			Namespace: o.Namespace, Pod: o.Pod, Container: name, SandboxId: req.PodSandboxId,
+			State: inplacedv1.SwapState_SWAP_STATE_ABORTED, StartedUnixNano: now, FinishedUnixNano: now,
+			Error: fmt.Sprintf("pod spec changed (container hash %s → %s): override of swap %s dropped, kubelet's config used", o.Hash, hash, o.SwapID),
+		})
+		return req
+	}
+	out := proto.Clone(req).(*runtimeapi.CreateContainerRequest)
+	c := out.Config
+	if o.Image != "" {
+		spec := &runtimeapi.ImageSpec{Image: o.Image, UserSpecifiedImage: o.Image}
+		if c.Image != nil {
+			spec.RuntimeHandler, spec.Annotations = c.Image.RuntimeHandler, c.Image.Annotations
+		}
+		c.Image = spec
+	}
+	c.Envs = nil
+	for _, kv := range o.Env {
+		c.Envs = append(c.Envs, &runtimeapi.KeyValue{Key: kv.Key, Value: []byte(kv.Value)})
+	}
+	c.Command, c.Args = o.Command, o.Args
+	i.log.Info("applied swap override to kubelet's CreateContainer",
+		zap.String("sandbox_id", req.PodSandboxId), zap.String("container", name), zap.String("swap_id", o.SwapID), zap.String("image", o.Image))
+	return out
+}
+
+func (i *Interceptors) startContainer(ctx context.Context, req *runtimeapi.StartContainerRequest,
+	next func(context.Context, *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error),
+) (*runtimeapi.StartContainerResponse, error) {
+	if f := i.fences.ByContainer(req.ContainerId); f != nil {
+		i.count(f.Key.String() + "/StartContainer")
+		if _, err := i.waitFence(ctx, f, "StartContainer"); err != nil {
+			return nil, err
+		}
+	}
+	i.mu.Lock()
+	handed := i.handed[req.ContainerId]
+	delete(i.handed, req.ContainerId)
+	i.mu.Unlock()
+	if handed {
+		// The swap already started it.
+		return &runtimeapi.StartContainerResponse{}, nil
+	}
+	return next(ctx, req)
+}
+
+func (i *Interceptors) stopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest,
+	next func(context.Context, *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error),
+) (*runtimeapi.StopContainerResponse, error) {
+	if f := i.fences.ByContainer(req.ContainerId); f != nil {
+		i.count(f.Key.String() + "/StopContainer")
+		// kubelet's stop wins over the swap.
+		f.Abort(errors.New("kubelet stopped the container"))
+		if _, err := i.waitFence(ctx, f, "StopContainer"); err != nil {
+			return nil, err
+		}
+	}
+	return next(ctx, req)
+}
+
+func (i *Interceptors) removeContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest,
+	next func(context.Context, *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error),
+) (*runtimeapi.RemoveContainerResponse, error) {
+	if f := i.fences.ByContainer(req.ContainerId); f != nil {
+		i.count(f.Key.String() + "/RemoveContainer")
+		if _, err := i.waitFence(ctx, f, "RemoveContainer"); err != nil {
+			return nil, err
+		}
+	}
+	resp, err := next(ctx, req)
+	if err != nil && status.Code(err) != codes.NotFound {
+		return nil, err
+	}
+	if derr := i.store.DeleteContainer(req.ContainerId); derr != nil {
+		i.log.Error("drop container record", zap.String("container_id", req.ContainerId), zap.Error(derr))
+	}
+	return resp, err
+}

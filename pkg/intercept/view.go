@@ -1,0 +1,170 @@
+package intercept
+
+import (
+	"context"
+
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/inplaced/inplaced/pkg/fence"
+)
+
+// masked returns the masks of running swaps whose mask is on.
+func (i *Interceptors) masked(sandboxID string) []fence.View {
+	var out []fence.View
+	for _, f := range i.fences.BySandbox(sandboxID) {
+		if v := f.View(); v.Masking {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func (i *Interceptors) listContainers(ctx context.Context, req *runtimeapi.ListContainersRequest,
+	next func(context.Context, *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error),
+) (*runtimeapi.ListContainersResponse, error) {
+	resp, err := next(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	seenSandbox := map[string]bool{}
+	var views []fence.View
+	for _, c := range resp.Containers {
+		if !seenSandbox[c.PodSandboxId] {
+			seenSandbox[c.PodSandboxId] = true
+			views = append(views, i.masked(c.PodSandboxId)...)
+		}
+	}
+	// The old container may be missing from a response filtered on state
+	// RUNNING: its sandbox is known from the fence.
+	if sb := req.GetFilter().GetPodSandboxId(); sb != "" && !seenSandbox[sb] {
+		views = append(views, i.masked(sb)...)
+	} else if sb == "" {
+		for _, f := range i.fences.All() {
+			if !seenSandbox[f.Key.SandboxID] {
+				seenSandbox[f.Key.SandboxID] = true
+				views = append(views, i.masked(f.Key.SandboxID)...)
+			}
+		}
+	}
+	if len(views) == 0 {
+		return resp, nil
+	}
+	out := make([]*runtimeapi.Container, 0, len(resp.Containers))
+	for _, c := range resp.Containers {
+		if hiddenIn(views, c.Id) {
+			continue
+		}
+		if v, ok := oldIn(views, c.Id); ok && v.OldEntry != nil {
+			continue // re-added below as it was
+		}
+		out = append(out, c)
+	}
+	for _, v := range views {
+		if v.OldEntry != nil && matchesFilter(v.OldEntry, req.GetFilter()) {
+			out = append(out, proto.Clone(v.OldEntry).(*runtimeapi.Container))
+		}
+	}
+	return &runtimeapi.ListContainersResponse{Containers: out}, nil
+}
+
+func hiddenIn(views []fence.View, id string) bool {
+	for _, v := range views {
+		if v.Hidden[id] {
+			return true
+		}
+	}
+	return false
+}
+
+func oldIn(views []fence.View, id string) (fence.View, bool) {
+	for _, v := range views {
+		if v.OldID == id {
+			return v, true
+		}
+	}
+	return fence.View{}, false
+}
+
+// matchesFilter applies a CRI ContainerFilter like the runtime does.
+func matchesFilter(c *runtimeapi.Container, f *runtimeapi.ContainerFilter) bool {
+	if f == nil {
+		return true
+	}
+	if f.Id != "" && f.Id != c.Id {
+		return false
+	}
+	if f.PodSandboxId != "" && f.PodSandboxId != c.PodSandboxId {
+		return false
+	}
+	if f.State != nil && f.State.State != c.State {
+		return false
+	}
+	for k, v := range f.LabelSelector {
+		if c.Labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func (i *Interceptors) containerStatus(ctx context.Context, req *runtimeapi.ContainerStatusRequest,
+	next func(context.Context, *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error),
+) (*runtimeapi.ContainerStatusResponse, error) {
+	resp, err := next(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	f := i.fences.ByContainer(req.ContainerId)
+	if f == nil {
+		return resp, nil
+	}
+	if v := f.View(); v.Masking && v.OldID == req.ContainerId && v.OldStatus != nil {
+		resp.Status = proto.Clone(v.OldStatus).(*runtimeapi.ContainerStatus)
+	}
+	return resp, nil
+}
+
+func (i *Interceptors) podSandboxStatus(ctx context.Context, req *runtimeapi.PodSandboxStatusRequest,
+	next func(context.Context, *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error),
+) (*runtimeapi.PodSandboxStatusResponse, error) {
+	resp, err := next(ctx, req)
+	if err != nil || len(resp.ContainersStatuses) == 0 {
+		return resp, err
+	}
+	views := i.masked(req.PodSandboxId)
+	if len(views) == 0 {
+		return resp, nil
+	}
+	out := resp.ContainersStatuses[:0]
+	for _, s := range resp.ContainersStatuses {
+		if hiddenIn(views, s.Id) {
+			continue
+		}
+		if v, ok := oldIn(views, s.Id); ok && v.OldStatus != nil {
+			s = proto.Clone(v.OldStatus).(*runtimeapi.ContainerStatus)
+		}
+		out = append(out, s)
+	}
+	resp.ContainersStatuses = out
+	return resp, nil
+}
+
+// containerEvent drops the events a masked swap causes (the old container
+// stopping, the new one being created and started): kubelet's evented PLEG
+// learns the outcome from its next relist, after the mask is off.
+func (i *Interceptors) containerEvent(_ context.Context, msg []byte) bool {
+	if !i.fences.Active() {
+		return true
+	}
+	ev := &runtimeapi.ContainerEventResponse{}
+	if err := proto.Unmarshal(msg, ev); err != nil {
+		return true
+	}
+	f := i.fences.ByContainer(ev.ContainerId)
+	if f == nil {
+		return true
+	}
+	v := f.View()
+	return !(v.Masking && (v.OldID == ev.ContainerId || v.Hidden[ev.ContainerId]))
+}
