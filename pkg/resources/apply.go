@@ -76,7 +76,6 @@ func (m *Manager) writeChecked(w Write) (_ Write, changed bool, _ error) {
 
 // verify reads path back and compares it with what was written. Its errors
 // name no path: the caller's message already does.
-
 func (m *Manager) verify(path, file, want string) error {
 	got, err := m.fs.ReadFile(path)
 	if err != nil {
