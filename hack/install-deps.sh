@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Installs what inplaced's tests need, and skips whatever is already there:
+#   - Debian packages: containerd (1.6), runc, CNI plugins, busybox-static,
+#     skopeo, protoc, iproute2, iptables;
+#   - pinned Go tools under ${INPLACED_TOOLS:-/var/cache/inplaced/tools}:
+#       containerd-v2.4.2/bin/{containerd,containerd-shim-runc-v2}
+#       bin/{crictl,critest,protoc-gen-go,protoc-gen-go-grpc}
+#       kubelet-v1.37.2/kubelet            (only with INPLACED_WITH_KUBELET=1)
+# Each Go tool has a stamp file holding its version; a changed pin reinstalls it.
+#
+# Usage: hack/install-deps.sh [--no-apt]
+set -euo pipefail
+
+CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
+CRI_TOOLS_VERSION="${CRI_TOOLS_VERSION:-v1.37.0}"
+PROTOC_GEN_GO_VERSION="${PROTOC_GEN_GO_VERSION:-v1.36.12}"
+PROTOC_GEN_GO_GRPC_VERSION="${PROTOC_GEN_GO_GRPC_VERSION:-v1.5.1}"
+
+TOOLS="${INPLACED_TOOLS:-/var/cache/inplaced/tools}"
+HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+APT_PACKAGES=(containerd runc containernetworking-plugins busybox-static skopeo protobuf-compiler iproute2 iptables)
+
+log() { printf '[install-deps] %s\n' "$*" >&2; }
+
+with_apt=1
+for arg in "$@"; do
+	case "${arg}" in
+	--no-apt) with_apt=0 ;;
+	*) log "unknown argument ${arg}"; exit 2 ;;
+	esac
+done
+
+# --- Debian packages ----------------------------------------------------------
+install_apt() {
+	local missing=()
+	for p in "${APT_PACKAGES[@]}"; do
+		if ! dpkg-query -W -f='${Status}' "${p}" 2>/dev/null | grep -q "install ok installed"; then
+			missing+=("${p}")
+		fi
+	done
+	if ((${#missing[@]} == 0)); then
+		log "apt packages present"
+		return
+	fi
+	if [[ $(id -u) -ne 0 ]]; then
+		log "need root to install: ${missing[*]}"
+		exit 1
+	fi
+	log "apt-get install ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	# The containerd package must not start a system containerd: the tests run
+	# their own instances (policy-rc.d is honoured by invoke-rc.d).
+	local policy=/usr/sbin/policy-rc.d
+	if [[ ! -e ${policy} ]]; then
+		printf '#!/bin/sh\nexit 101\n' >"${policy}"
+		chmod +x "${policy}"
+		trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+	fi
+	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# --- Go tools -----------------------------------------------------------------
+stamp_ok() { [[ -f "$1" && "$(cat "$1")" == "$2" ]]; }
+
+# go_install <dest bin dir> <stamp name> <version> [go install args...]
+go_install() {
+	local bindir="$1" name="$2" version="$3"
+	shift 3
+	local stamp="${bindir}/.${name}.version"
+	if stamp_ok "${stamp}" "${version}"; then
+		log "${name} ${version} present"
+		return
+	fi
+	mkdir -p "${bindir}"
+	log "go install ${name} ${version}"
+	local start=${SECONDS}
+	GOBIN="${bindir}" GOFLAGS="${GOFLAGS:-} -trimpath" go install "$@"
+	echo "${version}" >"${stamp}"
+	log "${name} ${version} installed in $((SECONDS - start))s"
+}
+
+install_critest() {
+	local bindir="${TOOLS}/bin" version="${CRI_TOOLS_VERSION}"
+	local stamp="${bindir}/.critest.version"
+	if stamp_ok "${stamp}" "${version}" && [[ -x "${bindir}/critest" ]]; then
+		log "critest ${version} present"
+		return
+	fi
+	mkdir -p "${bindir}"
+	log "building critest ${version}"
+	local start=${SECONDS} work
+	work="$(mktemp -d /tmp/inplaced-critest.XXXXXX)"
+	(
+		trap 'rm -rf "${work}"' EXIT
+		cd "${work}"
+		go mod init inplaced.local/critest-build >/dev/null 2>&1
+		GOFLAGS=-mod=mod go get "sigs.k8s.io/cri-tools@${version}" >/dev/null 2>&1
+		# critest is a test binary: its go.sum entries come with the test deps.
+		GOFLAGS=-mod=mod go test -c -trimpath -o "${bindir}/critest.tmp" sigs.k8s.io/cri-tools/cmd/critest
+	)
+	mv "${bindir}/critest.tmp" "${bindir}/critest"
+	echo "${version}" >"${stamp}"
+	log "critest ${version} built in $((SECONDS - start))s"
+}
+
+main() {
+	local start=${SECONDS}
+	if ((with_apt)); then install_apt; fi
+	command -v go >/dev/null || { log "go not in PATH"; exit 1; }
+	mkdir -p "${TOOLS}/bin"
+
+	go_install "${TOOLS}/containerd-${CONTAINERD_VERSION}/bin" containerd "${CONTAINERD_VERSION}" \
+		-tags no_btrfs \
+		"github.com/containerd/containerd/v2/cmd/containerd@${CONTAINERD_VERSION}" \
+		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@${CONTAINERD_VERSION}"
+	go_install "${TOOLS}/bin" crictl "${CRI_TOOLS_VERSION}" "sigs.k8s.io/cri-tools/cmd/crictl@${CRI_TOOLS_VERSION}"
+	install_critest
+	go_install "${TOOLS}/bin" protoc-gen-go "${PROTOC_GEN_GO_VERSION}" \
+		"google.golang.org/protobuf/cmd/protoc-gen-go@${PROTOC_GEN_GO_VERSION}"
+	go_install "${TOOLS}/bin" protoc-gen-go-grpc "${PROTOC_GEN_GO_GRPC_VERSION}" \
+		"google.golang.org/grpc/cmd/protoc-gen-go-grpc@${PROTOC_GEN_GO_GRPC_VERSION}"
+
+	if [[ "${INPLACED_WITH_KUBELET:-0}" == "1" ]]; then
+		"${HACK}/build-kubelet.sh"
+	fi
+	log "done in $((SECONDS - start))s; tools in ${TOOLS}"
+}
+
+main

@@ -1,0 +1,489 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// instanceDirPrefix starts the base name of every instance directory.
+const instanceDirPrefix = "ipd"
+
+// Containerd is a private containerd started by StartContainerd.
+type Containerd struct {
+	Backend Backend
+	// Dir holds everything of this instance: config.toml, root/, state/, the
+	// socket, net.d/, certs.d/, runc/, cni-ipam/, containerd.log. It is short so
+	// that socket paths stay below the 108-byte limit.
+	Dir string
+	// Socket is the CRI/containerd gRPC socket; Endpoint is "unix://"+Socket.
+	Socket   string
+	Endpoint string
+	// ConfigPath and LogPath are Dir/config.toml and Dir/containerd.log.
+	ConfigPath string
+	LogPath    string
+	// Bridge, Subnet and NetworkName describe the instance's CNI network.
+	Bridge      string
+	Subnet      string
+	NetworkName string
+	// StreamPort is the port of the CRI streaming server (exec, attach,
+	// port-forward) on 127.0.0.1.
+	StreamPort int
+	// Registry is the registry this instance mirrors; Images its test images.
+	Registry *Registry
+	Images   Images
+	// PID is the pid of the running containerd, 0 while stopped.
+	PID int
+
+	tb   testing.TB
+	slot *slot
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+	waitErr error
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// StartContainerd starts a private containerd of backend b that pulls from reg
+// (which gets the test images pushed) and uses Images.Pause as sandbox image.
+// tb.Cleanup tears it down: see Close.
+func StartContainerd(tb testing.TB, b Backend, reg *Registry) *Containerd {
+	tb.Helper()
+	RequireRoot(tb)
+	Require(tb, string(b), b.Available(), fmt.Sprintf("%s or its containerd-shim-runc-v2 not found; run hack/install-deps.sh", ContainerdBinary(b)))
+	Require(tb, "runc", lookPathOr("runc", "") != "", "runc not in PATH; run hack/install-deps.sh")
+	for _, p := range []string{"bridge", "host-local", "portmap", "loopback"} {
+		Require(tb, "CNI plugin "+p, isExecutable("/usr/lib/cni/"+p), "install containernetworking-plugins (hack/install-deps.sh)")
+	}
+	if reg == nil {
+		tb.Fatal("StartContainerd: a registry is required (StartRegistry)")
+	}
+	images := reg.PushTestImages(tb)
+
+	dir, err := os.MkdirTemp(shortTempDir(), instanceDirPrefix)
+	if err != nil {
+		tb.Fatalf("containerd: %v", err)
+	}
+	c := &Containerd{
+		Backend:    b,
+		Dir:        dir,
+		Socket:     filepath.Join(dir, "c.sock"),
+		ConfigPath: filepath.Join(dir, "config.toml"),
+		LogPath:    filepath.Join(dir, "containerd.log"),
+		Registry:   reg,
+		Images:     images,
+		tb:         tb,
+	}
+	c.Endpoint = "unix://" + c.Socket
+	tb.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			tb.Errorf("containerd %s cleanup: %v", c.Dir, err)
+		}
+	})
+
+	c.slot, err = acquireSlot(tb, dir)
+	if err != nil {
+		tb.Fatalf("containerd: %v", err)
+	}
+	liveInstances.Add(1)
+	c.Bridge, c.Subnet, c.NetworkName = bridgeName(c.slot.n), subnet(c.slot.n), networkName(c.slot.n)
+	if c.StreamPort, err = freePort(); err != nil {
+		tb.Fatalf("containerd: %v", err)
+	}
+	if err := c.writeConfig(); err != nil {
+		tb.Fatalf("containerd: write config: %v", err)
+	}
+	if err := c.Start(); err != nil {
+		tb.Fatalf("start %s: %v\n%s", b, err, c.LogTail(40))
+	}
+	tb.Logf("%s running: pid %d, endpoint %s, bridge %s %s", b, c.PID, c.Endpoint, c.Bridge, c.Subnet)
+	return c
+}
+
+// shortTempDir keeps unix socket paths short: $INPLACED_TEST_TMPDIR or /tmp.
+func shortTempDir() string {
+	if d := os.Getenv("INPLACED_TEST_TMPDIR"); d != "" {
+		return d
+	}
+	return "/tmp"
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Start (re)starts containerd with the instance's config and dirs and waits
+// until CRI reports the runtime and network ready. Running containers and
+// their shims survive a Stop/Start.
+func (c *Containerd) Start() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmd != nil {
+		return errors.New("containerd is already running")
+	}
+	logf, err := os.OpenFile(c.LogPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	fmt.Fprintf(logf, "==== harness: starting %s at %s\n", ContainerdBinary(c.Backend), time.Now().Format(time.RFC3339Nano))
+
+	bin := ContainerdBinary(c.Backend)
+	cmd := exec.Command(bin, "--config", c.ConfigPath)
+	cmd.Dir = c.Dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// The backend's own shim comes first in PATH.
+	cmd.Env = append(filteredEnv("PATH"), "PATH="+filepath.Dir(bin)+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	// Own process group: a ^C to go test does not reach it before cleanup.
+	// Pdeathsig: it dies with the test process if that crashes.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := startLocked(cmd); err != nil {
+		return fmt.Errorf("start %s: %w", bin, err)
+	}
+	c.cmd = cmd
+	c.PID = cmd.Process.Pid
+	exited := make(chan struct{})
+	c.exited = exited
+	go func() {
+		err := cmd.Wait()
+		c.mu.Lock()
+		c.waitErr = err
+		c.mu.Unlock()
+		close(exited)
+	}()
+	if err := c.waitReady(exited, 60*time.Second); err != nil {
+		_ = cmd.Process.Kill()
+		<-exited
+		c.cmd, c.PID = nil, 0
+		return err
+	}
+	return nil
+}
+
+func filteredEnv(drop ...string) []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		keep := true
+		for _, d := range drop {
+			if strings.HasPrefix(kv, d+"=") {
+				keep = false
+			}
+		}
+		if keep {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// waitReady polls CRI Status until RuntimeReady and NetworkReady.
+func (c *Containerd) waitReady(exited <-chan struct{}, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		select {
+		case <-exited:
+			return fmt.Errorf("containerd exited during start: %v", c.waitErr)
+		default:
+		}
+		if _, err := os.Stat(c.Socket); err == nil {
+			last = c.criReady()
+			if last == nil {
+				return nil
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("containerd not ready after %s: %v", timeout, last)
+}
+
+func (c *Containerd) criReady() error {
+	cli, err := dialCRI(c.Endpoint)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := cli.Runtime.Status(ctx, &runtimeapi.StatusRequest{})
+	if err != nil {
+		return err
+	}
+	for _, cond := range resp.GetStatus().GetConditions() {
+		if !cond.GetStatus() {
+			return fmt.Errorf("%s: %s %s", cond.GetType(), cond.GetReason(), cond.GetMessage())
+		}
+	}
+	return nil
+}
+
+// Running reports whether containerd runs.
+func (c *Containerd) Running() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cmd != nil
+}
+
+// Stop sends SIGTERM to containerd and waits for it to exit (SIGKILL after
+// 15 s). Shims and containers keep running.
+func (c *Containerd) Stop() error { return c.stop(syscall.SIGTERM, 15*time.Second) }
+
+// Kill sends SIGKILL to containerd (a crash) and waits for it to exit.
+func (c *Containerd) Kill() error { return c.stop(syscall.SIGKILL, 5*time.Second) }
+
+// Restart is Stop then Start.
+func (c *Containerd) Restart() error {
+	if err := c.Stop(); err != nil {
+		return err
+	}
+	return c.Start()
+}
+
+func (c *Containerd) stop(sig syscall.Signal, grace time.Duration) error {
+	c.mu.Lock()
+	cmd, exited := c.cmd, c.exited
+	c.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-exited:
+	case <-time.After(grace):
+		_ = cmd.Process.Kill()
+		<-exited
+	}
+	c.mu.Lock()
+	c.cmd, c.PID = nil, 0
+	c.mu.Unlock()
+	if f, err := os.OpenFile(c.LogPath, os.O_WRONLY|os.O_APPEND, 0); err == nil {
+		fmt.Fprintf(f, "==== harness: containerd stopped with %s at %s\n", sig, time.Now().Format(time.RFC3339Nano))
+		f.Close()
+	}
+	return nil
+}
+
+// LogTail returns the last n lines of containerd's log.
+func (c *Containerd) LogTail(n int) string {
+	data, err := os.ReadFile(c.LogPath)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// liveInstances counts the instances of this process not closed yet: the last
+// one to close removes the cgroup parents handed out by CgroupParent.
+var liveInstances counter
+
+type counter struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (c *counter) Add(d int) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n += d
+	return c.n
+}
+
+// Close tears the instance down; tb.Cleanup calls it, and tests that want to
+// check the teardown call it first (it runs once):
+//  1. through CRI, stop and remove every pod sandbox (CNI DEL tears down veths,
+//     netns and portmap rules), starting containerd again if it was stopped;
+//  2. SIGTERM containerd;
+//  3. SIGKILL what is left of the processes with Dir in their command line
+//     (shims, runc) and their descendants (containers);
+//  4. unmount everything below Dir; delete the bridge; remove libcni's cache
+//     files of the network, the pod cgroups handed out by CgroupParent (by the
+//     last instance of the process), and Dir.
+func (c *Containerd) Close() error {
+	c.closeOnce.Do(func() { c.closeErr = c.close() })
+	return c.closeErr
+}
+
+func (c *Containerd) close() error {
+	var errs []error
+	failed := c.tb.Failed()
+	if c.slot != nil {
+		if !c.Running() {
+			if err := c.Start(); err != nil {
+				c.tb.Logf("containerd %s: restart for teardown failed: %v", c.Dir, err)
+			}
+		}
+		if c.Running() {
+			if err := c.removeAllPods(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if failed {
+			c.tb.Logf("containerd %s log (last 60 lines):\n%s", c.Backend, c.LogTail(60))
+			c.saveArtifacts()
+		}
+		if err := c.Stop(); err != nil {
+			errs = append(errs, err)
+		}
+		if err := killProcsOf(c.Dir, 15*time.Second); err != nil {
+			errs = append(errs, err)
+		}
+		if err := deleteLink(c.Bridge); err != nil {
+			errs = append(errs, err)
+		}
+		removeCNICache(c.NetworkName)
+		if liveInstances.Add(-1) == 0 {
+			if err := removeCgroupParents(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := unmountUnder(c.Dir); err != nil {
+		errs = append(errs, err)
+	} else if err := os.RemoveAll(c.Dir); err != nil {
+		errs = append(errs, err)
+	}
+	c.slot.release()
+	return errors.Join(errs...)
+}
+
+// removeAllPods stops and removes every pod sandbox (and any container
+// outside one) through CRI.
+func (c *Containerd) removeAllPods() error {
+	cli, err := dialCRI(c.Endpoint)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var errs []error
+	pods, err := cli.Runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		return fmt.Errorf("list pod sandboxes: %w", err)
+	}
+	for _, p := range pods.GetItems() {
+		if _, err := cli.Runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: p.GetId()}); err != nil {
+			errs = append(errs, fmt.Errorf("stop pod %s: %w", p.GetId(), err))
+		}
+		if _, err := cli.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.GetId()}); err != nil {
+			errs = append(errs, fmt.Errorf("remove pod %s: %w", p.GetId(), err))
+		}
+	}
+	ctrs, err := cli.Runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("list containers: %w", err))...)
+	}
+	for _, ct := range ctrs.GetContainers() {
+		_, _ = cli.Runtime.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: ct.GetId(), Timeout: 1})
+		if _, err := cli.Runtime.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: ct.GetId()}); err != nil {
+			errs = append(errs, fmt.Errorf("remove container %s: %w", ct.GetId(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// saveArtifacts copies containerd's log and config to $INPLACED_ARTIFACTS, if set.
+func (c *Containerd) saveArtifacts() {
+	dst := os.Getenv("INPLACED_ARTIFACTS")
+	if dst == "" {
+		return
+	}
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(c.tb.Name()) + "-" + string(c.Backend) + "-" + filepath.Base(c.Dir)
+	dir := filepath.Join(dst, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return
+	}
+	for _, f := range []string{c.LogPath, c.ConfigPath} {
+		_ = copyFile(f, filepath.Join(dir, filepath.Base(f)))
+	}
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// Leftovers describes what of the instance is still on the machine: processes
+// with Dir in their command line (and descendants), mounts below Dir, the
+// bridge, Dir itself. Empty after a successful Close.
+func (c *Containerd) Leftovers() []string {
+	var out []string
+	for _, p := range procsOf(c.Dir) {
+		out = append(out, fmt.Sprintf("process %d: %s", p.pid, p.cmdline))
+	}
+	for _, m := range mountsUnder(c.Dir) {
+		out = append(out, "mount "+m)
+	}
+	if c.Bridge != "" && linkExists(c.Bridge) {
+		out = append(out, "link "+c.Bridge)
+	}
+	if _, err := os.Stat(c.Dir); err == nil {
+		out = append(out, "dir "+c.Dir)
+	}
+	return out
+}
+
+// startLocked starts cmd from a goroutine locked to an OS thread that never
+// exits: Pdeathsig fires when the *thread* that forked the child exits, and Go
+// may end threads of locked goroutines.
+func startLocked(cmd *exec.Cmd) error {
+	spawnerOnce.Do(func() {
+		spawnReqs = make(chan spawnReq)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread lives as long as the process
+			for r := range spawnReqs {
+				r.done <- r.cmd.Start()
+			}
+		}()
+	})
+	done := make(chan error, 1)
+	spawnReqs <- spawnReq{cmd: cmd, done: done}
+	return <-done
+}
+
+type spawnReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+var (
+	spawnerOnce sync.Once
+	spawnReqs   chan spawnReq
+)

@@ -1,0 +1,227 @@
+package harness
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Inplaced is an inplaced daemon started by a test, in front of a backend.
+type Inplaced struct {
+	Dir           string // state dir, sockets and log
+	Socket        string // CRI socket
+	Endpoint      string // unix://Socket
+	ControlSocket string
+	LogPath       string
+	Backend       string // runtime endpoint
+	ExtraArgs     []string
+
+	tb     testing.TB
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+	waitErr error
+}
+
+// BinDir is where inplaced and inplacectl are: $INPLACED_BIN, else built
+// once per test process into a temp dir.
+func BinDir(tb testing.TB) string {
+	tb.Helper()
+	if d := os.Getenv("INPLACED_BIN"); d != "" {
+		return d
+	}
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "inplaced-bin")
+		if err != nil {
+			binErr = err
+			return
+		}
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Join(filepath.Dir(file), "..", "..")
+		for _, c := range []string{"inplaced", "inplacectl"} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, c), "./cmd/"+c)
+			cmd.Dir = root
+			if out, err := cmd.CombinedOutput(); err != nil {
+				binErr = fmt.Errorf("build %s: %v\n%s", c, err, out)
+				return
+			}
+		}
+		binDir = dir
+	})
+	if binErr != nil {
+		tb.Fatal(binErr)
+	}
+	return binDir
+}
+
+var (
+	binOnce sync.Once
+	binDir  string
+	binErr  error
+)
+
+// StartInplaced starts inplaced in front of backendEndpoint with its own
+// sockets and state; tb.Cleanup stops it (SIGTERM) and removes its files.
+// env is added to its environment (e.g. the crash test switch).
+func StartInplaced(tb testing.TB, backendEndpoint string, env ...string) *Inplaced {
+	tb.Helper()
+	dir, err := os.MkdirTemp(shortTempDir(), "ipx")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	d := &Inplaced{
+		Dir: dir, Socket: filepath.Join(dir, "i.sock"), ControlSocket: filepath.Join(dir, "ctl.sock"),
+		LogPath: filepath.Join(dir, "inplaced.log"), Backend: backendEndpoint, tb: tb,
+	}
+	d.Endpoint = "unix://" + d.Socket
+	tb.Cleanup(func() {
+		_ = d.Stop()
+		if tb.Failed() {
+			tb.Logf("inplaced log tail:\n%s", d.LogTail(60))
+		}
+		_ = os.RemoveAll(dir)
+	})
+	if err := d.Start(env...); err != nil {
+		tb.Fatalf("start inplaced: %v\n%s", err, d.LogTail(40))
+	}
+	return d
+}
+
+// Start (re)starts the daemon with the same state dir and sockets.
+func (d *Inplaced) Start(env ...string) error {
+	bin := filepath.Join(BinDir(d.tb), "inplaced")
+	args := append([]string{
+		"--listen", d.Socket, "--control-socket", d.ControlSocket, "--state-dir", filepath.Join(d.Dir, "state"),
+		"--runtime-endpoint", d.Backend, "--log-level", "debug", "--log-format", "console",
+		"--config", filepath.Join(d.Dir, "absent.yaml.optional"),
+	}, d.ExtraArgs...)
+	// --config pointing at a missing file that was asked for is an error;
+	// write an empty one so the machine's /etc/inplaced is never read.
+	_ = os.WriteFile(filepath.Join(d.Dir, "absent.yaml.optional"), nil, 0o600)
+	logf, err := os.OpenFile(d.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(filteredEnv("NOTIFY_SOCKET", "INPLACED_TEST_CRASH_AFTER"), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return err
+	}
+	exited := make(chan struct{})
+	go func() {
+		err := cmd.Wait()
+		logf.Close()
+		d.mu.Lock()
+		d.waitErr = err
+		d.mu.Unlock()
+		close(exited)
+	}()
+	d.mu.Lock()
+	d.cmd, d.exited = cmd, exited
+	d.mu.Unlock()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-exited:
+			return fmt.Errorf("inplaced exited at start: %v", d.waitErr)
+		default:
+		}
+		if _, err := os.Stat(d.ControlSocket); err == nil {
+			if _, err := os.Stat(d.Socket); err == nil {
+				return nil
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return errors.New("inplaced sockets did not appear within 30s")
+}
+
+// PID is the running daemon's pid, 0 if it is not running.
+func (d *Inplaced) PID() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd == nil {
+		return 0
+	}
+	select {
+	case <-d.exited:
+		return 0
+	default:
+		return d.cmd.Process.Pid
+	}
+}
+
+// Exited is closed when the current process ends.
+func (d *Inplaced) Exited() <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.exited
+}
+
+// ExitError is the current process's wait error once it has exited.
+func (d *Inplaced) ExitError() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.waitErr
+}
+
+// Stop sends SIGTERM and waits (SIGKILL after 20 s).
+func (d *Inplaced) Stop() error { return d.signal(syscall.SIGTERM, 20*time.Second) }
+
+// Kill sends SIGKILL and waits.
+func (d *Inplaced) Kill() error { return d.signal(syscall.SIGKILL, 5*time.Second) }
+
+func (d *Inplaced) signal(sig syscall.Signal, grace time.Duration) error {
+	d.mu.Lock()
+	cmd, exited := d.cmd, d.exited
+	d.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-exited:
+	case <-time.After(grace):
+		_ = cmd.Process.Kill()
+		<-exited
+	}
+	return nil
+}
+
+// Ctl runs inplacectl against this daemon's control socket.
+func (d *Inplaced) Ctl(args ...string) (string, error) {
+	bin := filepath.Join(BinDir(d.tb), "inplacectl")
+	cmd := exec.Command(bin, append([]string{"--control-socket", d.ControlSocket}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if err != nil {
+		return out.String(), fmt.Errorf("inplacectl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
+	}
+	return out.String(), nil
+}
+
+// LogTail returns the last n lines of the daemon's log.
+func (d *Inplaced) LogTail(n int) string {
+	data, err := os.ReadFile(d.LogPath)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

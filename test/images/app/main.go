@@ -1,0 +1,76 @@
+// Command app is the entrypoint of the test images App1, App2, Crash and Large
+// (see test/harness). It is built twice with -ldflags "-X main.version=v1|v2" so
+// that the two images carry different binaries.
+//
+// It prints its version, serves HTTP on -listen (GET /version, GET /healthz) and
+// otherwise waits; SIGTERM or SIGINT make it exit 0. -exit N makes it print its
+// version and exit at once with code N (the Crash image uses -exit 3).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	fs := flag.NewFlagSet("app", flag.ContinueOnError)
+	listen := fs.String("listen", ":8080", "HTTP listen address; empty disables the server")
+	exitCode := fs.Int("exit", -1, "print the version and exit at once with this code")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+
+	fmt.Printf("app version %s pid %d\n", version, os.Getpid())
+	if *exitCode >= 0 {
+		return *exitCode
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	if *listen == "" {
+		<-ctx.Done()
+		fmt.Println("app: signal received, exiting")
+		return 0
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, version)
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	srv := &http.Server{Addr: *listen, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+
+	select {
+	case err := <-errc:
+		fmt.Fprintf(os.Stderr, "app: http server: %v\n", err)
+		return 1
+	case <-ctx.Done():
+	}
+	fmt.Println("app: signal received, exiting")
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		fmt.Fprintf(os.Stderr, "app: shutdown: %v\n", err)
+	}
+	return 0
+}
