@@ -2,7 +2,6 @@ package swap
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -128,16 +127,15 @@ func (e *Engine) recorded(ctx context.Context, id string, st *runtimeapi.Contain
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("read recorded config of %s: %w", short(id), err)
 	}
-	legacy := e.legacyEnvJSON(ctx)
 	cfg := &runtimeapi.ContainerConfig{}
-	if err := decodeInfoConfig(st.GetInfo(), cfg, legacy); err != nil {
+	if err := decodeInfoConfig(st.GetInfo(), cfg); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition,
 			"container %s was created before inplaced ran and the backend does not expose its CRI config (%v): it cannot be swapped; recreate the pod once with inplaced in place", short(id), err)
 	}
 	sbCfg := &runtimeapi.PodSandboxConfig{}
-	if sb, err := e.store.Sandbox(st.GetStatus().GetId()); err == nil {
+	if sb, err := e.store.Sandbox(ps.GetStatus().GetId()); err == nil {
 		sbCfg = sb.Config
-	} else if err := decodeInfoConfig(ps.GetInfo(), sbCfg, legacy); err != nil {
+	} else if err := decodeInfoConfig(ps.GetInfo(), sbCfg); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition,
 			"sandbox of %s: the backend does not expose its CRI config (%v): it cannot be swapped", short(id), err)
 	}
@@ -151,10 +149,12 @@ func (e *Engine) recorded(ctx context.Context, id string, st *runtimeapi.Contain
 
 // decodeInfoConfig reads the "config" member of containerd's verbose "info"
 // JSON into msg. containerd marshals the CRI Go structs with encoding/json,
-// so the same structs read it back. cri-api v0.37 made KeyValue.value bytes
-// (base64 in JSON); containerd built against older cri-api writes a plain
-// string: legacy says which.
-func decodeInfoConfig(info map[string]string, msg any, legacy bool) error {
+// so the same structs read it back. KeyValue.value became []byte in cri-api
+// v0.34, but cri-api's own MarshalJSON/UnmarshalJSON for KeyValue keep the
+// pre-1.34 plain-string form (kubernetes/kubernetes#139964), so containerd
+// 1.x and 2.x write env values the same way and they decode as they are:
+// no base64 rewriting, whatever the runtime version.
+func decodeInfoConfig(info map[string]string, msg any) error {
 	raw, ok := info["info"]
 	if !ok {
 		return errors.New("no verbose info")
@@ -168,58 +168,10 @@ func decodeInfoConfig(info map[string]string, msg any, legacy bool) error {
 	if len(top.Config) == 0 || string(top.Config) == "null" {
 		return errors.New("verbose info has no config")
 	}
-	data := []byte(top.Config)
-	if legacy {
-		var err error
-		if data, err = base64EnvValues(data); err != nil {
-			return err
-		}
-	}
-	if err := json.Unmarshal(data, msg); err != nil {
+	if err := json.Unmarshal(top.Config, msg); err != nil {
 		return fmt.Errorf("decode config: %w", err)
 	}
 	return nil
-}
-
-// base64EnvValues rewrites envs[].value from plain strings to base64 so that
-// the []byte field of the current cri-api decodes them.
-func base64EnvValues(data []byte) ([]byte, error) {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(data, &m); err != nil {
-		return nil, fmt.Errorf("decode config: %w", err)
-	}
-	raw, ok := m["envs"]
-	if !ok {
-		return data, nil
-	}
-	var envs []map[string]any
-	if err := json.Unmarshal(raw, &envs); err != nil {
-		return nil, fmt.Errorf("decode envs: %w", err)
-	}
-	for _, kv := range envs {
-		if s, ok := kv["value"].(string); ok {
-			kv["value"] = base64.StdEncoding.EncodeToString([]byte(s))
-		}
-	}
-	if m["envs"], ok = nil, true; ok {
-		b, err := json.Marshal(envs)
-		if err != nil {
-			return nil, err
-		}
-		m["envs"] = b
-	}
-	return json.Marshal(m)
-}
-
-// legacyEnvJSON reports whether the backend is containerd 1.x, which writes
-// env values as plain JSON strings.
-func (e *Engine) legacyEnvJSON(ctx context.Context) bool {
-	v, err := e.rt.Version(ctx, &runtimeapi.VersionRequest{})
-	if err != nil {
-		return false
-	}
-	ver := strings.TrimPrefix(v.RuntimeVersion, "v")
-	return v.RuntimeName == "containerd" && strings.HasPrefix(ver, "1.")
 }
 
 func short(id string) string {
