@@ -31,9 +31,10 @@ func (r *run) gracePeriod() time.Duration {
 }
 
 // stopTimeout is what is left of the grace period after preStop, in whole
-// seconds with kubelet's floor of 2.
+// seconds with kubelet's floor of 2. Like kubelet (killContainer), it
+// subtracts the whole seconds spent: grace 30 s after a 0.4 s preStop is 30.
 func stopTimeout(grace, spent time.Duration) int64 {
-	left := int64((grace - spent) / time.Second)
+	left := int64(grace/time.Second) - int64(spent/time.Second)
 	if left < 2 {
 		left = 2
 	}
