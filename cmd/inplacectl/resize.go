@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -69,6 +70,15 @@ func newResizeCommand(g *globals) *cobra.Command {
 			defer done()
 			rec, err := c.Resize(cmd.Context(), &inplacedv1.ResizeRequest{Target: target, Resources: res})
 			if err != nil {
+				// A refused or failed resize carries its record: show what
+				// is in effect, then fail with the daemon's status.
+				if rec := resizeRecordOf(err); rec != nil {
+					if g.output == "json" {
+						_ = printJSON(cmd.OutOrStdout(), rec)
+					} else {
+						printResize(cmd.OutOrStdout(), rec)
+					}
+				}
 				return err
 			}
 			if g.output == "json" {
@@ -83,6 +93,16 @@ func newResizeCommand(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&cpuReq, "cpu-request", "", "CPU request (cpu.shares / cpu.weight)")
 	cmd.Flags().StringVar(&mem, "memory", "", "memory limit, e.g. 512Mi")
 	return cmd
+}
+
+// resizeRecordOf returns the ResizeRecord the daemon attached to an error.
+func resizeRecordOf(err error) *inplacedv1.ResizeRecord {
+	for _, d := range status.Convert(err).Details() {
+		if rec, ok := d.(*inplacedv1.ResizeRecord); ok {
+			return rec
+		}
+	}
+	return nil
 }
 
 func printResize(w io.Writer, r *inplacedv1.ResizeRecord) {

@@ -20,6 +20,8 @@ import (
 	"github.com/inplaced/inplaced/pkg/fence"
 	"github.com/inplaced/inplaced/pkg/intercept"
 	"github.com/inplaced/inplaced/pkg/relay"
+	"github.com/inplaced/inplaced/pkg/resize"
+	"github.com/inplaced/inplaced/pkg/resources"
 	"github.com/inplaced/inplaced/pkg/store"
 	"github.com/inplaced/inplaced/pkg/swap"
 )
@@ -62,7 +64,12 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) (retErr error)
 	// sees a half-done swap from before the crash.
 	recoverSwaps(ctx, engine, log)
 
-	ics, err := intercept.New(intercept.Options{Store: st, Fences: fences, Logger: log.Named("intercept"), FenceTimeout: cfg.FenceTimeout.D()})
+	resizer, err := newResizer(cfg, rt, st, fences, log.Named("resize"))
+	if err != nil {
+		return err
+	}
+	ics, err := intercept.New(intercept.Options{Store: st, Fences: fences, Logger: log.Named("intercept"),
+		FenceTimeout: cfg.FenceTimeout.D(), Resizer: resizer})
 	if err != nil {
 		return err
 	}
@@ -87,7 +94,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) (retErr error)
 		return err
 	}
 	ctl := grpc.NewServer(control.ServerOptions()...)
-	control.New(engine, st, nil).Register(ctl)
+	control.New(engine, st, resizer).Register(ctl)
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(lis) }()
 	go func() { errc <- ctl.Serve(ctlLis) }()
@@ -117,6 +124,19 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) (retErr error)
 		}
 	}
 	return nil
+}
+
+// newResizer makes the in-place resizer for the control API and kubelet's
+// UpdateContainerResources. Without a usable cgroup hierarchy it still
+// resizes, through the backend only, and says so.
+func newResizer(cfg config.Config, rt runtimeapi.RuntimeServiceClient, st *store.Store, fences *fence.Registry, log *zap.Logger) (*resize.Resizer, error) {
+	cg, err := resources.New(cfg.CgroupRoot)
+	if err != nil {
+		log.Warn("no cgroup hierarchy: resizes go through the backend only, unverified on the host", zap.String("cgroup_root", cfg.CgroupRoot), zap.Error(err))
+		cg = nil
+	}
+	return resize.New(resize.Options{Runtime: rt, Cgroups: cg, Store: st, Fences: fences,
+		VMRuntimeHandlers: cfg.VMRuntimeHandlers, Logger: log})
 }
 
 // recoverSwaps settles the journal. When the backend is not reachable yet it

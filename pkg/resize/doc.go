@@ -1,0 +1,73 @@
+// Package resize changes a running container's CPU and memory limits in
+// place, exactly and all or nothing. It serves two callers:
+//
+//   - the control API (inplacectl resize), through Resizer.Resize, and
+//   - kubelet's own in-place resize (KEP-1287), through
+//     Resizer.UpdateContainerResources, installed as the relay's interceptor
+//     for CRI UpdateContainerResources.
+//
+// # Why more than the runtime's UpdateContainerResources
+//
+// containerd's UpdateContainerResources runs `runc update` with the whole
+// resource set. On cgroup v1 runc writes memory before CPU and stops at the
+// first error, so a CPU quota above the pod cgroup's quota fails with EINVAL
+// after the memory limit has already changed: the runtime neither raises the
+// pod nor undoes what it did. Package resources knows the order the kernel
+// accepts; this package wraps the runtime call with it.
+//
+// # The cgroup method (runc sandboxes)
+//
+//  1. Read the container's and the pod's cgroups (resources.Manager.Read).
+//  2. Refuse, before anything changes, what kubelet refuses: a memory limit
+//     at or below current usage (codes.FailedPrecondition, stating usage and
+//     the requested limit), and values the kernel would reject
+//     (codes.InvalidArgument).
+//  3. Call the runtime's UpdateContainerResources, so that its own record
+//     (the container spec containerd reports in ContainerStatus) follows.
+//  4. Whether or not the runtime succeeded, resources.Manager.Apply reads the
+//     cgroups back and writes what is still missing, pod first on a raise,
+//     container first on a lowering, memory before CPU, each write read
+//     back, its own writes undone on failure.
+//  5. Read back once more: the container's cgroup must hold exactly the
+//     request, and the pod cgroup at least that.
+//  6. If the runtime had failed in step 3 (the pod was too small), call it
+//     again now that the pod has room: it succeeds and its record matches
+//     the cgroups. If that second call fails the cgroups still hold the
+//     request; the record's error says the backend's record lags.
+//
+// If step 4 or 5 fails, everything is put back: the runtime is asked for the
+// previous values (it may have changed some before failing), then Apply
+// repairs the cgroups to them, leaving the pod as it was. The answer is
+// codes.Aborted when the previous values are in effect again, codes.Internal
+// when they could not all be restored; either way the message states what is
+// in effect, and the ResizeRecord rides along as a status detail.
+//
+// Once the runtime has been called, the caller's cancellation no longer stops
+// the resize: a half-done resize is worse than a late answer.
+//
+// # The pod rule, per caller
+//
+// The control API moves the pod cgroup by the container's change (prev =
+// the container's values before, see package resources). kubelet resizes the
+// pod cgroup itself, before (raise) or after (lowering) its
+// UpdateContainerResources, so for kubelet's calls the pod is only raised
+// when it would sit below the container (prev = nil), and only the
+// container's usage is checked: kubelet checks the pod's before it lowers it.
+//
+// # The backend method (VM sandboxes)
+//
+// For sandboxes whose runtime handler is a VM (Kata: host cgroups do not
+// reach the guest), and for containers whose runtime does not expose a
+// cgroupsPath, the resize goes through the runtime only and is verified
+// through ContainerStatus resources; the record says method "backend". The
+// usage check uses CRI ContainerStats when the runtime reports memory.
+//
+// # Records
+//
+// Every resize of a resolved container, refused, failed or applied, is
+// stored (store.PutResize) with the caller's uid and pid (none for kubelet),
+// the values before (from), the request (to), what is in effect, the method,
+// the cgroup files inplaced wrote itself (repaired) and the duration.
+// kubelet's UpdateContainerResources calls that change no CPU or memory limit
+// (cpuset updates of the CPU manager) are passed through and not recorded.
+package resize

@@ -1,0 +1,312 @@
+package resize
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/inplaced/inplaced/pkg/fence"
+	"github.com/inplaced/inplaced/pkg/resources"
+	"github.com/inplaced/inplaced/pkg/swap"
+	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
+)
+
+// Results and methods as they appear in a ResizeRecord.
+const (
+	ResultApplied = "applied"
+	ResultRefused = "refused"
+	ResultFailed  = "failed"
+
+	MethodCgroup  = "cgroup"  // runtime call, then cgroups verified and repaired
+	MethodBackend = "backend" // runtime call only, verified through ContainerStatus
+)
+
+// Recorder stores resize records (store.Store).
+type Recorder interface {
+	PutResize(*inplacedv1.ResizeRecord) error
+}
+
+// Options configures a Resizer.
+type Options struct {
+	// Runtime is the backend (containerd), not the proxy: the control API's
+	// resizes and every status read go to it directly.
+	Runtime runtimeapi.RuntimeServiceClient
+	// Cgroups reads and repairs cgroups. nil: every resize uses the backend
+	// method (no cgroup hierarchy available to the daemon).
+	Cgroups *resources.Manager
+	// Store records every resize.
+	Store Recorder
+	// Fences, when set, make the control API refuse a container a swap holds.
+	Fences *fence.Registry
+	// VMRuntimeHandlers are runtime handlers whose sandboxes are VMs.
+	VMRuntimeHandlers []string
+	Logger            *zap.Logger
+	// Timeout bounds a resize once the runtime has been called; the caller's
+	// cancellation does not cut it short. Default 30 s.
+	Timeout time.Duration
+	// Now is the clock (tests); default time.Now.
+	Now func() time.Time
+}
+
+// Resizer performs in-place resizes. It implements control.Resizer and
+// intercept.Resizer.
+type Resizer struct {
+	rt      runtimeapi.RuntimeServiceClient
+	cg      *resources.Manager
+	store   Recorder
+	fences  *fence.Registry
+	vm      []string
+	log     *zap.Logger
+	timeout time.Duration
+	now     func() time.Time
+
+	// mu serialises resizes: each is a read, a runtime call and writes that
+	// must not interleave with another resize of the same pod.
+	mu sync.Mutex
+}
+
+// New returns a Resizer. Runtime and Store are required.
+func New(o Options) (*Resizer, error) {
+	if o.Runtime == nil || o.Store == nil {
+		return nil, errors.New("resize.New: runtime and store are required")
+	}
+	r := &Resizer{rt: o.Runtime, cg: o.Cgroups, store: o.Store, fences: o.Fences,
+		vm: slices.Clone(o.VMRuntimeHandlers), log: o.Logger, timeout: o.Timeout, now: o.Now}
+	if r.log == nil {
+		r.log = zap.NewNop()
+	}
+	if r.timeout <= 0 {
+		r.timeout = 30 * time.Second
+	}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	return r, nil
+}
+
+// updateFunc is how a resize reaches the runtime: the backend client for the
+// control API, the relay's next for kubelet's calls.
+type updateFunc func(context.Context, *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error)
+
+// Resize implements control.Resizer: it resizes the container req names and
+// returns the record. Errors are gRPC status errors; those of a resolved
+// container carry the record as a status detail.
+func (r *Resizer) Resize(ctx context.Context, req *inplacedv1.ResizeRequest, uid, pid int64) (*inplacedv1.ResizeRecord, error) {
+	start := r.now()
+	if err := validate(req.GetResources()); err != nil {
+		return nil, err
+	}
+	c, err := swap.Resolve(ctx, r.rt, req.GetTarget())
+	if err != nil {
+		return nil, err
+	}
+	if c.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		return nil, status.Errorf(codes.FailedPrecondition, "container %s is %s, not running: only a running container is resized in place", short(c.Id), c.State)
+	}
+	if r.fences != nil && r.fences.ByContainer(c.Id) != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "container %s is being swapped: resize it when the swap has ended", short(c.Id))
+	}
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	o, err := r.inspect(ctx, c.Id, c.PodSandboxId)
+	if err != nil {
+		return nil, err
+	}
+	o.rec.Caller = &inplacedv1.Caller{Uid: uid, Pid: pid}
+	o.resources = req.GetResources()
+	o.update = func(ctx context.Context, req *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
+		return r.rt.UpdateContainerResources(ctx, req)
+	}
+	o.exactPod = true
+	err = r.run(ctx, o, start)
+	return o.rec, err
+}
+
+// UpdateContainerResources implements intercept.Resizer: kubelet's in-place
+// resize gets the same ordering, verification and undo as the control API's.
+// Calls it cannot improve on (no CPU or memory limit in them, a container
+// that is not running or that the backend does not describe) go to next
+// unchanged, so kubelet never gets a worse answer than the backend's own.
+func (r *Resizer) UpdateContainerResources(ctx context.Context, req *runtimeapi.UpdateContainerResourcesRequest,
+	next func(context.Context, *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error),
+) (*runtimeapi.UpdateContainerResourcesResponse, error) {
+	start := r.now()
+	want := resources.LimitsFromCRI(req.GetLinux())
+	if want == (resources.Limits{}) {
+		return next(ctx, req)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	o, err := r.inspect(ctx, req.GetContainerId(), "")
+	if err != nil {
+		r.log.Debug("resize: passing kubelet's update through", zap.String("container_id", req.GetContainerId()), zap.Error(err))
+		return next(ctx, req)
+	}
+	if o.status.GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		return next(ctx, req)
+	}
+	o.req = req
+	o.update = next
+	if err := r.run(ctx, o, start); err != nil {
+		return nil, err
+	}
+	return &runtimeapi.UpdateContainerResourcesResponse{}, nil
+}
+
+// op is one resize in progress.
+type op struct {
+	rec         *inplacedv1.ResizeRecord
+	id          string
+	status      *runtimeapi.ContainerStatus
+	cgroupsPath string
+	vm          bool
+	update      updateFunc
+	// resources is the control API's request; req is built from it once the
+	// container's CPU period is known. kubelet's calls set req directly.
+	resources *inplacedv1.Resources
+	req       *runtimeapi.UpdateContainerResourcesRequest
+	// exactPod: move the pod by the container's change (control API); else
+	// kubelet moves the pod itself and it is only kept above the container.
+	exactPod bool
+}
+
+// verboseInfo is the part of containerd's verbose ContainerStatus info used here.
+type verboseInfo struct {
+	SandboxID   string `json:"sandboxID"`
+	RuntimeSpec struct {
+		Linux struct {
+			CgroupsPath string `json:"cgroupsPath"`
+		} `json:"linux"`
+	} `json:"runtimeSpec"`
+}
+
+// inspect reads what a resize needs to know about container id: its status,
+// cgroupsPath and whether its sandbox is a VM. sandboxID may be empty.
+func (r *Resizer) inspect(ctx context.Context, id, sandboxID string) (*op, error) {
+	resp, err := r.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	if err != nil {
+		return nil, fmt.Errorf("container status %s: %w", short(id), err)
+	}
+	st := resp.GetStatus()
+	if st == nil {
+		return nil, status.Errorf(codes.NotFound, "container %s: the runtime returned no status", short(id))
+	}
+	o := &op{id: st.GetId(), status: st}
+	if o.id == "" {
+		o.id = id
+	}
+	var info verboseInfo
+	if raw, ok := resp.GetInfo()["info"]; ok {
+		if err := json.Unmarshal([]byte(raw), &info); err != nil {
+			r.log.Warn("resize: cannot decode verbose container info", zap.String("container_id", o.id), zap.Error(err))
+		}
+	}
+	o.cgroupsPath = info.RuntimeSpec.Linux.CgroupsPath
+	if sandboxID == "" {
+		sandboxID = info.SandboxID
+	}
+	if sandboxID == "" {
+		list, err := r.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{Id: o.id}})
+		if err != nil {
+			return nil, fmt.Errorf("list container %s: %w", short(o.id), err)
+		}
+		if len(list.GetContainers()) > 0 {
+			sandboxID = list.Containers[0].GetPodSandboxId()
+		}
+	}
+	if sandboxID != "" {
+		ps, err := r.rt.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sandboxID})
+		if err != nil {
+			return nil, fmt.Errorf("sandbox status %s: %w", short(sandboxID), err)
+		}
+		o.vm = slices.Contains(r.vm, ps.GetStatus().GetRuntimeHandler())
+	}
+	labels := st.GetLabels()
+	o.rec = &inplacedv1.ResizeRecord{
+		Namespace:   labels[swap.LabelPodNamespace],
+		Pod:         labels[swap.LabelPodName],
+		Container:   labels[swap.LabelContainerName],
+		ContainerId: o.id,
+	}
+	if o.rec.Container == "" {
+		o.rec.Container = st.GetMetadata().GetName()
+	}
+	return o, nil
+}
+
+// run performs a resize and records it, whatever its outcome.
+func (r *Resizer) run(ctx context.Context, o *op, start time.Time) (err error) {
+	o.rec.Id = newID(start)
+	o.rec.StartedUnixNano = start.UnixNano()
+	log := r.log.With(zap.String("resize_id", o.rec.Id), zap.String("container_id", o.id))
+	defer func() {
+		o.rec.DurationNs = int64(r.now().Sub(start))
+		if err != nil {
+			if o.rec.Result == "" || o.rec.Result == ResultApplied {
+				o.rec.Result = ResultFailed
+			}
+			o.rec.Error = status.Convert(err).Message()
+			err = withRecord(err, o.rec)
+		}
+		if perr := r.store.PutResize(o.rec); perr != nil {
+			log.Error("resize: record", zap.Error(perr))
+		}
+		fields := []zap.Field{zap.String("result", o.rec.Result), zap.String("method", o.rec.Method),
+			zap.Duration("duration", time.Duration(o.rec.DurationNs)), zap.Strings("repaired", o.rec.Repaired)}
+		if err != nil {
+			log.Warn("resize", append(fields, zap.Error(err))...)
+		} else {
+			log.Info("resize", fields...)
+		}
+	}()
+	if r.cg == nil || o.vm || o.cgroupsPath == "" {
+		return r.viaBackend(ctx, o)
+	}
+	return r.viaCgroups(ctx, o)
+}
+
+// withRecord attaches rec to a status error as a detail, so that a client
+// sees what is in effect even when the call failed.
+func withRecord(err error, rec *inplacedv1.ResizeRecord) error {
+	st := status.Convert(err)
+	if d, derr := st.WithDetails(rec); derr == nil {
+		return d.Err()
+	}
+	return err
+}
+
+// RecordOf returns the ResizeRecord carried by a Resize error, if any.
+func RecordOf(err error) *inplacedv1.ResizeRecord {
+	for _, d := range status.Convert(err).Details() {
+		if rec, ok := d.(*inplacedv1.ResizeRecord); ok {
+			return rec
+		}
+	}
+	return nil
+}
+
+// newID returns a time-ordered resize ID: store history sorts by key.
+func newID(t time.Time) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%s", t.UTC().Format("20060102T150405.000"), hex.EncodeToString(b[:]))
+}
+
+func short(id string) string {
+	if len(id) > 13 {
+		return id[:13]
+	}
+	return id
+}

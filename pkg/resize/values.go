@@ -1,0 +1,175 @@
+package resize
+
+import (
+	"fmt"
+	"math"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/inplaced/inplaced/pkg/resources"
+	"github.com/inplaced/inplaced/pkg/swap"
+	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
+)
+
+const (
+	// defaultPeriod is kubelet's CFS period (cpuCFSQuotaPeriod), used when
+	// the container has none.
+	defaultPeriod = 100000
+	// minQuota is kubelet's floor for a CPU quota (minQuotaPeriod, µs).
+	minQuota = 1000
+)
+
+// validate checks a control API request before anything is looked up.
+func validate(r *inplacedv1.Resources) error {
+	if r.GetCpuLimitMillis() < 0 || r.GetCpuRequestMillis() < 0 || r.GetMemoryLimitBytes() < 0 {
+		return status.Errorf(codes.InvalidArgument, "negative resources (cpu limit %dm, cpu request %dm, memory %d bytes): give positive values",
+			r.GetCpuLimitMillis(), r.GetCpuRequestMillis(), r.GetMemoryLimitBytes())
+	}
+	if r.GetCpuLimitMillis() == 0 && r.GetCpuRequestMillis() == 0 && r.GetMemoryLimitBytes() == 0 {
+		return status.Error(codes.InvalidArgument, "nothing to resize: give a CPU limit, a CPU request or a memory limit")
+	}
+	// millis * period must fit in an int64 for the largest period (1 s).
+	if r.GetCpuLimitMillis() > math.MaxInt64/1000000 {
+		return status.Errorf(codes.InvalidArgument, "cpu limit %dm is out of range", r.GetCpuLimitMillis())
+	}
+	return nil
+}
+
+// criResources turns a control API request into what kubelet would send in
+// UpdateContainerResources, in the container's own CFS period. Fields not
+// asked for stay 0, which CRI reads as "leave as it is".
+func criResources(r *inplacedv1.Resources, period uint64) *runtimeapi.LinuxContainerResources {
+	if period == 0 {
+		period = defaultPeriod
+	}
+	lr := &runtimeapi.LinuxContainerResources{}
+	if m := r.GetCpuLimitMillis(); m > 0 {
+		lr.CpuPeriod = int64(period)
+		lr.CpuQuota = max(m*int64(period)/1000, minQuota)
+	}
+	if m := r.GetCpuRequestMillis(); m > 0 {
+		lr.CpuShares = swap.MilliCPUToShares(m)
+	}
+	if b := r.GetMemoryLimitBytes(); b > 0 {
+		lr.MemoryLimitInBytes = b
+	}
+	return lr
+}
+
+// limitsCRI is the CRI form of l, for asking the runtime to put values back.
+func limitsCRI(l resources.Limits) *runtimeapi.LinuxContainerResources {
+	lr := &runtimeapi.LinuxContainerResources{}
+	if l.CPUQuota != nil {
+		lr.CpuQuota = *l.CPUQuota
+	}
+	if l.CPUPeriod != nil {
+		lr.CpuPeriod = int64(*l.CPUPeriod)
+	}
+	if l.CPUShares != nil {
+		lr.CpuShares = int64(*l.CPUShares)
+	}
+	if l.MemoryLimit != nil {
+		lr.MemoryLimitInBytes = *l.MemoryLimit
+	}
+	return lr
+}
+
+// before returns, for each value want sets, what the container has now: the
+// cgroup's value, or on cgroup v2 (no cpu.shares file) the shares the runtime
+// reports. A value that is not known stays nil.
+func before(c resources.Cgroup, want resources.Limits, st *runtimeapi.ContainerStatus) resources.Limits {
+	var l resources.Limits
+	if want.CPUQuota != nil || want.CPUPeriod != nil {
+		l.CPUQuota, l.CPUPeriod = ptr(c.CPUQuota), ptr(c.CPUPeriod)
+	}
+	if want.CPUShares != nil {
+		switch s := st.GetResources().GetLinux().GetCpuShares(); {
+		case c.CPUShares > 0:
+			l.CPUShares = ptr(c.CPUShares)
+		case s > 0:
+			l.CPUShares = ptr(uint64(s))
+		}
+	}
+	if want.MemoryLimit != nil {
+		l.MemoryLimit = ptr(c.MemoryLimit)
+	}
+	return l
+}
+
+// cgroupValues reports a container cgroup's values. On cgroup v2 the shares
+// are derived back from cpu.weight with kubelet's linear formula.
+func cgroupValues(c resources.Cgroup) *inplacedv1.ResizeValues {
+	shares := int64(c.CPUShares)
+	if shares == 0 && c.CPUWeight > 0 {
+		shares = int64(2 + (c.CPUWeight-1)*262142/9999)
+	}
+	return &inplacedv1.ResizeValues{CpuQuota: c.CPUQuota, CpuPeriod: int64(c.CPUPeriod), CpuShares: shares, MemoryLimitBytes: c.MemoryLimit}
+}
+
+// targetValues is what the container should hold after the resize: the
+// request, and for what it does not set, the values of from.
+func targetValues(want resources.Limits, from *inplacedv1.ResizeValues) *inplacedv1.ResizeValues {
+	v := &inplacedv1.ResizeValues{}
+	if from != nil {
+		*v = inplacedv1.ResizeValues{CpuQuota: from.CpuQuota, CpuPeriod: from.CpuPeriod, CpuShares: from.CpuShares, MemoryLimitBytes: from.MemoryLimitBytes}
+	}
+	if want.CPUQuota != nil {
+		v.CpuQuota = *want.CPUQuota
+	}
+	if want.CPUPeriod != nil {
+		v.CpuPeriod = int64(*want.CPUPeriod)
+	}
+	if want.CPUShares != nil {
+		v.CpuShares = int64(*want.CPUShares)
+	}
+	if want.MemoryLimit != nil {
+		v.MemoryLimitBytes = *want.MemoryLimit
+	}
+	return v
+}
+
+// criValues reports what the runtime says a container has (backend method).
+func criValues(lr *runtimeapi.LinuxContainerResources) *inplacedv1.ResizeValues {
+	if lr == nil {
+		return nil
+	}
+	return &inplacedv1.ResizeValues{CpuQuota: lr.CpuQuota, CpuPeriod: lr.CpuPeriod, CpuShares: lr.CpuShares, MemoryLimitBytes: lr.MemoryLimitInBytes}
+}
+
+// criMatches reports whether the runtime's record holds every value of want.
+func criMatches(lr *runtimeapi.LinuxContainerResources, want resources.Limits) bool {
+	if lr == nil {
+		return false
+	}
+	got := resources.LimitsFromCRI(lr)
+	eq := func(a, b *int64) bool { return a == nil || (b != nil && *a == *b) }
+	equ := func(a, b *uint64) bool { return a == nil || (b != nil && *a == *b) }
+	return eq(want.CPUQuota, got.CPUQuota) && equ(want.CPUPeriod, got.CPUPeriod) &&
+		equ(want.CPUShares, got.CPUShares) && eq(want.MemoryLimit, got.MemoryLimit)
+}
+
+// describe spells values for messages: "cpu quota 150000/100000 µs, cpu
+// shares 1024, memory 536870912 bytes".
+func describe(v *inplacedv1.ResizeValues) string {
+	if v == nil {
+		return "unknown"
+	}
+	var b strings.Builder
+	if v.CpuQuota < 0 {
+		fmt.Fprintf(&b, "cpu quota unlimited (period %d µs)", v.CpuPeriod)
+	} else {
+		fmt.Fprintf(&b, "cpu quota %d/%d µs", v.CpuQuota, v.CpuPeriod)
+	}
+	fmt.Fprintf(&b, ", cpu shares %d", v.CpuShares)
+	if v.MemoryLimitBytes < 0 {
+		b.WriteString(", memory unlimited")
+	} else {
+		fmt.Fprintf(&b, ", memory %d bytes", v.MemoryLimitBytes)
+	}
+	return b.String()
+}
+
+func ptr[T any](v T) *T { return &v }
