@@ -282,6 +282,7 @@ func (r *run) fail(ctx context.Context, out *fence.Outcome, newID string, cause 
 			r.removeContainer(cctx, newID)
 		}
 		*out = fence.Outcome{}
+		r.rec.RunningContainerId = "" // the old container was stopped; kubelet decides what runs next
 		r.finish(*out, inplacedv1.SwapState_SWAP_STATE_ABORTED, fmt.Errorf("%v (aborted: %w)", cause, context.Cause(ctx)))
 		return
 	}
