@@ -139,7 +139,8 @@ func (d Duration) MarshalJSON() ([]byte, error) {
 	return []byte(`"` + time.Duration(d).String() + `"`), nil
 }
 
-// UnmarshalJSON reads "10s" (or a number of nanoseconds).
+// UnmarshalJSON reads "10s". A bare number is refused: it would mean
+// nanoseconds, which is never what a "shutdownTimeout: 10" means.
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	s := strings.Trim(string(b), `"`)
 	v, err := time.ParseDuration(s)
