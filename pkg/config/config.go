@@ -139,7 +139,7 @@ func (d Duration) MarshalJSON() ([]byte, error) {
 	return []byte(`"` + time.Duration(d).String() + `"`), nil
 }
 
-// UnmarshalJSON reads "10s". A bare number is refused: it would mean
+// UnmarshalJSON reads "10s". A bare number (but 0) is refused: it would mean
 // nanoseconds, which is never what a "shutdownTimeout: 10" means.
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	s := strings.Trim(string(b), `"`)
