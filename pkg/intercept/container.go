@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
@@ -85,7 +86,10 @@ func (i *Interceptors) applyOverride(req *runtimeapi.CreateContainerRequest) *ru
 		}
 		now := i.now().UnixNano()
 		i.recordEvent(&inplacedv1.SwapRecord{
-			Id: fmt.Sprintf("override-dropped-%d", now), Kind: "override-dropped",
+			// History is trimmed in key order, oldest first: the ID starts
+			// with the time, like the swap engine's IDs.
+			Id:        time.Unix(0, now).UTC().Format("20060102T150405.000000000") + "-override-dropped",
+			Kind:      "override-dropped",
 			Namespace: o.Namespace, Pod: o.Pod, Container: name, SandboxId: req.PodSandboxId,
 			State: inplacedv1.SwapState_SWAP_STATE_ABORTED, StartedUnixNano: now, FinishedUnixNano: now,
 			Error: fmt.Sprintf("pod spec changed (container hash %s → %s): override of swap %s dropped, kubelet's config used", o.Hash, hash, o.SwapID),
