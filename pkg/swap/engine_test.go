@@ -400,7 +400,7 @@ func TestSwapRefusedWhileOneRuns(t *testing.T) {
 	e := newEnv(t)
 	e.create(t, e.containerReq(0), true)
 
-	sub, err := e.start(&inplacedv1.Change{SetEnv: map[string]string{"MODE": "first"}}, &inplacedv1.SwapOptions{MinRuntimeMs: 500})
+	sub, err := e.start(&inplacedv1.Change{SetEnv: map[string]string{"MODE": "first"}}, &inplacedv1.SwapOptions{MinRuntimeMs: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
