@@ -1,0 +1,63 @@
+# inplaced — see README.md. Everything a fresh machine needs is installed by
+# hack/install-deps.sh, which every test target runs first.
+SHELL := /bin/bash
+GO ?= go
+OUT := $(CURDIR)/_output
+BIN := $(OUT)/bin
+export INPLACED_TOOLS ?= /var/cache/inplaced/tools
+export INPLACED_BIN := $(BIN)
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -X github.com/inplaced/inplaced/pkg/version.Version=$(VERSION) -X github.com/inplaced/inplaced/pkg/version.Commit=$(COMMIT)
+E2E_TIMEOUT ?= 60m
+
+.PHONY: all build deps test test-unit test-e2e test-compat conformance bench demo proto proto-check vet clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/inplaced ./cmd/inplaced
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/inplacectl ./cmd/inplacectl
+
+deps:
+	hack/install-deps.sh
+
+vet:
+	$(GO) vet ./...
+
+# make test: unit tests, the generated-code drift check, then e2e against a
+# private containerd 2.4 and containerd 1.6 (both), loopback registry and CNI,
+# and a real kubelet for the coherence tests.
+test: deps build proto-check vet test-unit test-e2e
+
+test-unit:
+	$(GO) test -count=1 -race ./pkg/... ./cmd/...
+
+test-e2e: build
+	INPLACED_WITH_KUBELET=1 hack/install-deps.sh --no-apt
+	$(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v ./test/... 2>&1 | tee $(OUT)/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic|\s+\S+_test.go)' ; exit $${PIPESTATUS[0]}
+
+# The same e2e suite against Debian's containerd 1.6 only.
+test-compat: deps build
+	INPLACED_BACKENDS=containerd-1.6 $(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v ./test/e2e/...
+
+conformance: deps build
+	hack/conformance.sh
+
+bench: deps build
+	hack/bench.sh
+
+demo: deps build
+	$(GO) test -count=1 -v -run TestDemo ./test/demo/ 2>&1 | sed -n 's/^ *demo\.go:[0-9]*: //p; /^--- /p; /^ok\|^FAIL/p'
+
+proto:
+	hack/gen-proto.sh
+
+# Regenerates into a scratch copy and fails when the committed code differs.
+proto-check:
+	@tmp=$$(mktemp -d) && cp -r proto $$tmp/orig && hack/gen-proto.sh && \
+	  if ! diff -r $$tmp/orig proto >/dev/null; then diff -r $$tmp/orig proto | head -20; rm -rf proto && cp -r $$tmp/orig proto; rm -rf $$tmp; \
+	    echo "generated code in proto/ is out of date: run make proto and commit"; exit 1; fi; rm -rf $$tmp; echo "proto: generated code up to date"
+
+clean:
+	rm -rf $(OUT)
