@@ -48,7 +48,7 @@ bench: deps build
 	hack/bench.sh
 
 demo: deps build
-	$(GO) test -count=1 -v -run TestDemo ./test/demo/ 2>&1 | sed -n 's/^ *demo\.go:[0-9]*: //p; /^--- /p; /^ok\|^FAIL/p'
+	@set -o pipefail; $(GO) test -count=1 -v -run TestDemo ./test/demo/ 2>&1 | sed -e 's/^    demo_test.go:[0-9]*: /==> /' -e '/^=== RUN/d'
 
 proto:
 	hack/gen-proto.sh
