@@ -174,7 +174,10 @@ func (c *Containerd) Start() error {
 	}()
 	if err := c.waitReady(exited, 60*time.Second); err != nil {
 		_ = cmd.Process.Kill()
+		// The waiter takes c.mu to record the exit: let go of it meanwhile.
+		c.mu.Unlock()
 		<-exited
+		c.mu.Lock()
 		c.cmd, c.PID = nil, 0
 		return err
 	}
@@ -231,6 +234,11 @@ func (c *Containerd) criReady() error {
 		return err
 	}
 	for _, cond := range resp.GetStatus().GetConditions() {
+		// Only the two conditions CRI requires: containerd 2.x on cgroup v1
+		// adds a false "ContainerdHasNoDeprecationWarnings" that means nothing here.
+		if cond.GetType() != runtimeapi.RuntimeReady && cond.GetType() != runtimeapi.NetworkReady {
+			continue
+		}
 		if !cond.GetStatus() {
 			return fmt.Errorf("%s: %s %s", cond.GetType(), cond.GetReason(), cond.GetMessage())
 		}
