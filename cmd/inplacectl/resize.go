@@ -144,7 +144,7 @@ func newResizesCommand(g *globals) *cobra.Command {
 }
 
 func printJSON(w io.Writer, m proto.Message) error {
-	b, err := protojson.MarshalOptions{Multiline: true, UseProtoNames: true}.Marshal(m)
+	b, err := protojson.MarshalOptions{Multiline: true, UseProtoNames: true, EmitUnpopulated: true}.Marshal(m)
 	if err != nil {
 		return err
 	}

@@ -190,7 +190,7 @@ func followSwap(stream eventStream, output string, w io.Writer) error {
 		return fmt.Errorf("the swap's event stream ended without a result: see inplacectl swaps")
 	}
 	if output == "json" {
-		b, _ := protojson.MarshalOptions{Multiline: true, UseProtoNames: true}.Marshal(final)
+		b, _ := protojson.MarshalOptions{Multiline: true, UseProtoNames: true, EmitUnpopulated: true}.Marshal(final)
 		fmt.Fprintln(w, string(b))
 	} else {
 		fmt.Fprintf(w, "swap %s: %s\n", final.Id, strings.TrimPrefix(final.State.String(), "SWAP_STATE_"))
@@ -239,7 +239,7 @@ func newSwapsCommand(g *globals) *cobra.Command {
 
 func printSwaps(w io.Writer, output string, swaps []*inplacedv1.SwapRecord) error {
 	if output == "json" {
-		b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(&inplacedv1.ListSwapsResponse{Swaps: swaps})
+		b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(&inplacedv1.ListSwapsResponse{Swaps: swaps})
 		if err != nil {
 			return err
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -138,14 +139,22 @@ func (d *Inplaced) Start(env ...string) error {
 			return fmt.Errorf("inplaced exited at start: %v", d.waitErr)
 		default:
 		}
-		if _, err := os.Stat(d.ControlSocket); err == nil {
-			if _, err := os.Stat(d.Socket); err == nil {
-				return nil
-			}
+		// A killed daemon leaves its socket files: wait until both answer.
+		if canDial(d.ControlSocket) && canDial(d.Socket) {
+			return nil
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	return errors.New("inplaced sockets did not appear within 30s")
+}
+
+func canDial(path string) bool {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
 // PID is the running daemon's pid, 0 if it is not running.
