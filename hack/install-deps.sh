@@ -63,19 +63,23 @@ install_apt() {
 # --- Go tools -----------------------------------------------------------------
 stamp_ok() { [[ -f "$1" && "$(cat "$1")" == "$2" ]]; }
 
-# go_install <dest bin dir> <stamp name> <version> [go install args...]
+# go_install <dest bin dir> <stamp name> <version> <build tags> <package@version>...
 go_install() {
-	local bindir="$1" name="$2" version="$3"
-	shift 3
-	local stamp="${bindir}/.${name}.version"
-	if stamp_ok "${stamp}" "${version}"; then
+	local bindir="$1" name="$2" version="$3" tags="$4"
+	shift 4
+	local stamp="${bindir}/.${name}.version" pkg present=1
+	for pkg in "$@"; do
+		pkg="${pkg%@*}"
+		[[ -x "${bindir}/${pkg##*/}" ]] || present=0
+	done
+	if ((present)) && stamp_ok "${stamp}" "${version}"; then
 		log "${name} ${version} present"
 		return
 	fi
 	mkdir -p "${bindir}"
 	log "go install ${name} ${version}"
 	local start=${SECONDS}
-	GOBIN="${bindir}" GOFLAGS="${GOFLAGS:-} -trimpath" go install "$@"
+	GOBIN="${bindir}" GOFLAGS="${GOFLAGS:-} -trimpath" go install -tags "${tags}" "$@"
 	echo "${version}" >"${stamp}"
 	log "${name} ${version} installed in $((SECONDS - start))s"
 }
@@ -110,15 +114,14 @@ main() {
 	command -v go >/dev/null || { log "go not in PATH"; exit 1; }
 	mkdir -p "${TOOLS}/bin"
 
-	go_install "${TOOLS}/containerd-${CONTAINERD_VERSION}/bin" containerd "${CONTAINERD_VERSION}" \
-		-tags no_btrfs \
+	go_install "${TOOLS}/containerd-${CONTAINERD_VERSION}/bin" containerd "${CONTAINERD_VERSION}" no_btrfs \
 		"github.com/containerd/containerd/v2/cmd/containerd@${CONTAINERD_VERSION}" \
 		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@${CONTAINERD_VERSION}"
-	go_install "${TOOLS}/bin" crictl "${CRI_TOOLS_VERSION}" "sigs.k8s.io/cri-tools/cmd/crictl@${CRI_TOOLS_VERSION}"
+	go_install "${TOOLS}/bin" crictl "${CRI_TOOLS_VERSION}" "" "sigs.k8s.io/cri-tools/cmd/crictl@${CRI_TOOLS_VERSION}"
 	install_critest
-	go_install "${TOOLS}/bin" protoc-gen-go "${PROTOC_GEN_GO_VERSION}" \
+	go_install "${TOOLS}/bin" protoc-gen-go "${PROTOC_GEN_GO_VERSION}" "" \
 		"google.golang.org/protobuf/cmd/protoc-gen-go@${PROTOC_GEN_GO_VERSION}"
-	go_install "${TOOLS}/bin" protoc-gen-go-grpc "${PROTOC_GEN_GO_GRPC_VERSION}" \
+	go_install "${TOOLS}/bin" protoc-gen-go-grpc "${PROTOC_GEN_GO_GRPC_VERSION}" "" \
 		"google.golang.org/grpc/cmd/protoc-gen-go-grpc@${PROTOC_GEN_GO_GRPC_VERSION}"
 
 	if [[ "${INPLACED_WITH_KUBELET:-0}" == "1" ]]; then

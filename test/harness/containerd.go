@@ -51,10 +51,8 @@ type Containerd struct {
 	tb   testing.TB
 	slot *slot
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
-	waitErr error
+	mu  sync.Mutex
+	run *daemonRun // nil while stopped
 
 	closeOnce sync.Once
 	closeErr  error
@@ -139,7 +137,7 @@ func freePort() (int, error) {
 func (c *Containerd) Start() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.cmd != nil {
+	if c.run != nil {
 		return errors.New("containerd is already running")
 	}
 	logf, err := os.OpenFile(c.LogPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
@@ -161,27 +159,26 @@ func (c *Containerd) Start() error {
 	if err := startLocked(cmd); err != nil {
 		return fmt.Errorf("start %s: %w", bin, err)
 	}
-	c.cmd = cmd
-	c.PID = cmd.Process.Pid
-	exited := make(chan struct{})
-	c.exited = exited
+	// The waiter never takes c.mu: Start and stop wait for it while holding it.
+	run := &daemonRun{cmd: cmd, exited: make(chan struct{})}
 	go func() {
-		err := cmd.Wait()
-		c.mu.Lock()
-		c.waitErr = err
-		c.mu.Unlock()
-		close(exited)
+		run.err = cmd.Wait()
+		close(run.exited)
 	}()
-	if err := c.waitReady(exited, 60*time.Second); err != nil {
+	if err := c.waitReady(run, 60*time.Second); err != nil {
 		_ = cmd.Process.Kill()
-		// The waiter takes c.mu to record the exit: let go of it meanwhile.
-		c.mu.Unlock()
-		<-exited
-		c.mu.Lock()
-		c.cmd, c.PID = nil, 0
+		<-run.exited
 		return err
 	}
+	c.run, c.PID = run, cmd.Process.Pid
 	return nil
+}
+
+// daemonRun is one run of the containerd process.
+type daemonRun struct {
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once cmd.Wait returned; err is set then
+	err    error
 }
 
 func filteredEnv(drop ...string) []string {
@@ -201,13 +198,13 @@ func filteredEnv(drop ...string) []string {
 }
 
 // waitReady polls CRI Status until RuntimeReady and NetworkReady.
-func (c *Containerd) waitReady(exited <-chan struct{}, timeout time.Duration) error {
+func (c *Containerd) waitReady(run *daemonRun, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var last error
 	for time.Now().Before(deadline) {
 		select {
-		case <-exited:
-			return fmt.Errorf("containerd exited during start: %v", c.waitErr)
+		case <-run.exited:
+			return fmt.Errorf("containerd exited during start: %v", run.err)
 		default:
 		}
 		if _, err := os.Stat(c.Socket); err == nil {
@@ -250,7 +247,7 @@ func (c *Containerd) criReady() error {
 func (c *Containerd) Running() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.cmd != nil
+	return c.run != nil
 }
 
 // Stop sends SIGTERM to containerd and waits for it to exit (SIGKILL after
@@ -270,21 +267,19 @@ func (c *Containerd) Restart() error {
 
 func (c *Containerd) stop(sig syscall.Signal, grace time.Duration) error {
 	c.mu.Lock()
-	cmd, exited := c.cmd, c.exited
-	c.mu.Unlock()
-	if cmd == nil {
+	defer c.mu.Unlock()
+	run := c.run
+	if run == nil {
 		return nil
 	}
-	_ = cmd.Process.Signal(sig)
+	_ = run.cmd.Process.Signal(sig)
 	select {
-	case <-exited:
+	case <-run.exited:
 	case <-time.After(grace):
-		_ = cmd.Process.Kill()
-		<-exited
+		_ = run.cmd.Process.Kill()
+		<-run.exited
 	}
-	c.mu.Lock()
-	c.cmd, c.PID = nil, 0
-	c.mu.Unlock()
+	c.run, c.PID = nil, 0
 	if f, err := os.OpenFile(c.LogPath, os.O_WRONLY|os.O_APPEND, 0); err == nil {
 		fmt.Fprintf(f, "==== harness: containerd stopped with %s at %s\n", sig, time.Now().Format(time.RFC3339Nano))
 		f.Close()

@@ -62,7 +62,9 @@ func ToolsDir() string {
 }
 
 // CrictlPath is crictl v1.37 from ToolsDir ($INPLACED_CRICTL overrides it).
-func CrictlPath() string { return toolPath("INPLACED_CRICTL", filepath.Join(ToolsDir(), "bin", "crictl")) }
+func CrictlPath() string {
+	return toolPath("INPLACED_CRICTL", filepath.Join(ToolsDir(), "bin", "crictl"))
+}
 
 // CritestPath is critest v1.37 from ToolsDir ($INPLACED_CRITEST overrides it).
 func CritestPath() string {

@@ -187,6 +187,7 @@ func TestContainerdRestart(t *testing.T) {
 	b := BackendsFromEnv()[0]
 	c := StartContainerd(t, b, reg)
 	tmp := t.TempDir()
+	mustCrictl(t, c, "pull", images.App2)
 	podFile := writeJSON(t, tmp, "pod.json", PodConfig("restart-pod", filepath.Join(tmp, "logs")))
 	podID := mustCrictl(t, c, "runp", podFile)
 	ctrID := mustCrictl(t, c, "create", podID, writeJSON(t, tmp, "ctr.json", ContainerConfig("app", images.App2)), podFile)
