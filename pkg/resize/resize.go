@@ -265,9 +265,12 @@ func (r *Resizer) run(ctx context.Context, o *op, start time.Time) (err error) {
 		}
 		fields := []zap.Field{zap.String("result", o.rec.Result), zap.String("method", o.rec.Method),
 			zap.Duration("duration", time.Duration(o.rec.DurationNs)), zap.Strings("repaired", o.rec.Repaired)}
-		if err != nil {
-			log.Warn("resize", append(fields, zap.Error(err))...)
-		} else {
+		switch {
+		case o.rec.Result == ResultRefused:
+			log.Info("resize refused", append(fields, zap.Error(err))...)
+		case err != nil:
+			log.Warn("resize failed", append(fields, zap.Error(err))...)
+		default:
 			log.Info("resize", fields...)
 		}
 	}()
