@@ -20,6 +20,20 @@ func (r *Resizer) viaCgroups(ctx context.Context, o *op) error {
 	o.rec.Method = MethodCgroup
 	t := resources.Target{CgroupsPath: o.cgroupsPath}
 	cur, err := r.cg.Read(t)
+	if errors.Is(err, fs.ErrNotExist) && o.status.GetState() == runtimeapi.ContainerState_CONTAINER_RUNNING {
+		// Running, yet its cgroup is not where the runtime's spec says from
+		// here (inplaced in its own cgroup namespace, an unexpected driver):
+		// the runtime is the only one who can resize it.
+		r.log.Warn("resize: container cgroup not visible, resizing through the runtime only",
+			zap.String("container_id", o.id), zap.String("cgroups_path", o.cgroupsPath), zap.Error(err))
+		err := r.viaBackend(ctx, o)
+		note := fmt.Sprintf("cgroup %s not visible to inplaced: resized through the runtime only", o.cgroupsPath)
+		if o.rec.Error != "" {
+			note += "; " + o.rec.Error
+		}
+		o.rec.Error = note
+		return err
+	}
 	if err != nil {
 		return readError(o.id, err)
 	}

@@ -57,8 +57,9 @@
 // # The backend method (VM sandboxes)
 //
 // For sandboxes whose runtime handler is a VM (Kata: host cgroups do not
-// reach the guest), and for containers whose runtime does not expose a
-// cgroupsPath, the resize goes through the runtime only and is verified
+// reach the guest), for containers whose runtime does not expose a
+// cgroupsPath, and for running containers whose cgroup inplaced cannot see
+// (its own cgroup namespace), the resize goes through the runtime only and is verified
 // through ContainerStatus resources; the record says method "backend". The
 // usage check uses CRI ContainerStats when the runtime reports memory.
 //

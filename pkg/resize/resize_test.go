@@ -233,6 +233,27 @@ func TestResizeVMUsesBackendOnly(t *testing.T) {
 	}
 }
 
+// A running container whose cgroup inplaced cannot see (its own cgroup
+// namespace, say) is resized through the runtime only, and the record says so.
+func TestResizeCgroupNotVisibleUsesBackend(t *testing.T) {
+	f := newFixture(t)
+	f.rt.add(&fakeContainer{
+		id: "h1", sandbox: "hidden-sb", cgroupsPath: "/elsewhere/pod3/h1",
+		res: &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 50000, MemoryLimitInBytes: 256 * mi},
+	}, "runc-elsewhere")
+	rec, err := f.r.Resize(context.Background(), &inplacedv1.ResizeRequest{Target: &inplacedv1.Target{ContainerId: "h1"},
+		Resources: &inplacedv1.Resources{CpuLimitMillis: 1500}}, 0, 1)
+	if err != nil {
+		t.Fatalf("Resize: %v", err)
+	}
+	if rec.Method != MethodBackend || rec.Result != ResultApplied || rec.InEffect.GetCpuQuota() != 150000 || !strings.Contains(rec.Error, "not visible") {
+		t.Errorf("record %v", rec)
+	}
+	if _, w := f.fs.counts(); w != 0 {
+		t.Errorf("%d cgroup writes, want none", w)
+	}
+}
+
 func (f *fixture) next(ctx context.Context, req *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
 	return f.rt.UpdateContainerResources(ctx, req)
 }
