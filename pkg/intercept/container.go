@@ -81,19 +81,7 @@ func (i *Interceptors) applyOverride(req *runtimeapi.CreateContainerRequest) *ru
 		i.log.Info("pod spec changed: dropping swap override",
 			zap.String("sandbox_id", req.PodSandboxId), zap.String("container", name),
 			zap.String("swap_id", o.SwapID), zap.String("override_hash", o.Hash), zap.String("kubelet_hash", hash))
-		if err := i.store.DeleteOverride(req.PodSandboxId, name); err != nil {
-			i.log.Error("drop override", zap.Error(err))
-		}
-		now := i.now().UnixNano()
-		i.recordEvent(&inplacedv1.SwapRecord{
-			// History is trimmed in key order, oldest first: the ID starts
-			// with the time, like the swap engine's IDs.
-			Id:        time.Unix(0, now).UTC().Format("20060102T150405.000000000") + "-override-dropped",
-			Kind:      "override-dropped",
-			Namespace: o.Namespace, Pod: o.Pod, Container: name, SandboxId: req.PodSandboxId,
-			State: inplacedv1.SwapState_SWAP_STATE_ABORTED, StartedUnixNano: now, FinishedUnixNano: now,
-			Error: fmt.Sprintf("pod spec changed (container hash %s → %s): override of swap %s dropped, kubelet's config used", o.Hash, hash, o.SwapID),
-		})
+		i.dropOverride(o, fmt.Sprintf("pod spec changed (container hash %s → %s): override of swap %s dropped, kubelet's config used", o.Hash, hash, o.SwapID))
 		return req
 	}
 	out := proto.Clone(req).(*runtimeapi.CreateContainerRequest)
@@ -113,6 +101,23 @@ func (i *Interceptors) applyOverride(req *runtimeapi.CreateContainerRequest) *ru
 	i.log.Info("applied swap override to kubelet's CreateContainer",
 		zap.String("sandbox_id", req.PodSandboxId), zap.String("container", name), zap.String("swap_id", o.SwapID), zap.String("image", o.Image))
 	return out
+}
+
+// dropOverride deletes an override and records why in the swap history.
+func (i *Interceptors) dropOverride(o *store.Override, why string) {
+	if err := i.store.DeleteOverride(o.SandboxID, o.Container); err != nil {
+		i.log.Error("drop override", zap.Error(err))
+	}
+	now := i.now().UnixNano()
+	i.recordEvent(&inplacedv1.SwapRecord{
+		// History is trimmed in key order, oldest first: the ID starts
+		// with the time, like the swap engine's IDs.
+		Id:        time.Unix(0, now).UTC().Format("20060102T150405.000000000") + "-override-dropped",
+		Kind:      "override-dropped",
+		Namespace: o.Namespace, Pod: o.Pod, Container: o.Container, SandboxId: o.SandboxID,
+		State: inplacedv1.SwapState_SWAP_STATE_ABORTED, StartedUnixNano: now, FinishedUnixNano: now,
+		Error: why,
+	})
 }
 
 func (i *Interceptors) startContainer(ctx context.Context, req *runtimeapi.StartContainerRequest,

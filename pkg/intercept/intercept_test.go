@@ -619,3 +619,137 @@ func count(calls []string, name string) int {
 	}
 	return n
 }
+
+// TestMaskHidesTheSwapsContainerBeforeItIsRegistered: between the runtime
+// creating the swap's new container and the swap registering it (Hide),
+// kubelet must not see it: as the newest container of the name in state
+// CREATED it would make kubelet start a container of its own at once. Older
+// containers of the name and newer ones of other names stay visible.
+func TestMaskHidesTheSwapsContainerBeforeItIsRegistered(t *testing.T) {
+	p := newProxy(t)
+	ctx := context.Background()
+	sbID := p.runPod(t)
+	prevID := p.kubeletStart(t, p.createReq(sbID, "app", 0, "h1"))
+	if _, err := p.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: prevID}); err != nil {
+		t.Fatal(err)
+	}
+	oldID := p.kubeletStart(t, p.createReq(sbID, "app", 1, "h1"))
+	st, err := p.be.RuntimeClient.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: oldID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := p.be.RuntimeClient.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{Id: oldID}})
+	if err != nil || len(l.Containers) != 1 {
+		t.Fatalf("list old: %v, %v", l, err)
+	}
+	f, _, err := p.fences.Acquire(ctx, fence.Key{SandboxID: sbID, Name: "app"}, "swap-1", oldID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Mask(p.fences, st.Status, l.Containers[0])
+	if _, err := p.be.RuntimeClient.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: oldID}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Millisecond) // distinct CreatedAt
+	resp, err := p.be.RuntimeClient.CreateContainer(ctx, p.createReq(sbID, "app", 2, "h1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	newID := resp.ContainerId // created by the runtime, not yet registered with Hide
+	sideID := p.kubeletStart(t, p.createReq(sbID, "side", 0, "h9"))
+
+	for _, filter := range []*runtimeapi.ContainerFilter{
+		nil,
+		{PodSandboxId: sbID},
+		{LabelSelector: map[string]string{"io.kubernetes.container.name": "app"}},
+	} {
+		l, err := p.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: filter})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ids(l.Containers)
+		if _, ok := got[newID]; ok {
+			t.Errorf("filter %v: kubelet sees the swap's unregistered container: %v", filter, got)
+		}
+		if got[oldID] != runtimeapi.ContainerState_CONTAINER_RUNNING || got[prevID] != runtimeapi.ContainerState_CONTAINER_EXITED {
+			t.Errorf("filter %v: kubelet sees %v, want the old container running and the one before it exited", filter, got)
+		}
+		if filter == nil && got[sideID] != runtimeapi.ContainerState_CONTAINER_RUNNING {
+			t.Errorf("a newer container of another name was hidden: %v", got)
+		}
+	}
+	// The event stream drops the unregistered container's events too.
+	ev := &runtimeapi.ContainerEventResponse{ContainerId: newID, ContainerEventType: runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT,
+		PodSandboxStatus: &runtimeapi.PodSandboxStatus{Id: sbID}}
+	if nst, err := p.be.RuntimeClient.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: newID}); err == nil {
+		ev.ContainersStatuses = []*runtimeapi.ContainerStatus{nst.Status}
+	}
+	msg, _ := proto.Marshal(ev)
+	if p.ics.containerEvent(ctx, msg) {
+		t.Error("the event of the swap's unregistered container reached kubelet")
+	}
+	sideEv, _ := proto.Marshal(&runtimeapi.ContainerEventResponse{ContainerId: sideID, PodSandboxStatus: &runtimeapi.PodSandboxStatus{Id: sbID}})
+	if !p.ics.containerEvent(ctx, sideEv) {
+		t.Error("another container's event was dropped")
+	}
+
+	p.fences.Release(f, fence.Outcome{RunningID: newID, Committed: true})
+	l, err = p.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := ids(l.Containers)[newID]; !ok {
+		t.Errorf("after the swap kubelet does not see its container: %v", ids(l.Containers))
+	}
+}
+
+// TestOverridesEndWithTheirSandbox: kubelet never creates containers in a
+// stopped sandbox, so a successful StopPodSandbox ends its overrides (and
+// says so in the history); a failed one, or another sandbox, keeps them.
+func TestOverridesEndWithTheirSandbox(t *testing.T) {
+	p := newProxy(t)
+	ctx := context.Background()
+	sbID := p.runPod(t)
+	p.pod = fakecri.PodConfig("default", "other", "uid-other")
+	otherID := p.runPod(t)
+	for _, sb := range []string{sbID, otherID} {
+		if err := p.st.PutOverride(&store.Override{SandboxID: sb, Namespace: "default", Pod: "web", Container: "app",
+			SwapID: "swap-" + sb, Hash: "h1", Image: "registry.local/app:v2"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.be.Runtime.InjectError("StopPodSandbox", status.Error(codes.Internal, "cni teardown failed"))
+	if _, err := p.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sbID}); status.Code(err) != codes.Internal {
+		t.Fatalf("StopPodSandbox = %v, want the backend's Internal", err)
+	}
+	if _, err := p.st.Override(sbID, "app"); err != nil {
+		t.Errorf("a failed StopPodSandbox dropped the override: %v", err)
+	}
+	if _, err := p.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sbID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.st.Override(sbID, "app"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("override kept after its sandbox stopped: %v", err)
+	}
+	if _, err := p.st.Override(otherID, "app"); err != nil {
+		t.Errorf("another sandbox's override dropped: %v", err)
+	}
+	recs, err := p.st.Swaps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || recs[0].Kind != "override-dropped" || recs[0].SandboxId != sbID || recs[0].Container != "app" ||
+		!strings.Contains(recs[0].Error, "stopped") || !strings.Contains(recs[0].Error, "swap-"+sbID) {
+		t.Errorf("history %v, want one override-dropped record for the stopped sandbox", recs)
+	}
+	// Removing the other sandbox without a stop ends its override too.
+	if _, err := p.rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: otherID}); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := p.st.Overrides(); err != nil || len(o) != 0 {
+		t.Errorf("overrides left: %v, %v", o, err)
+	}
+	if recs, _ := p.st.Swaps(); len(recs) != 2 {
+		t.Errorf("history %v, want two override-dropped records", recs)
+	}
+}

@@ -3,6 +3,7 @@ package intercept
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
@@ -41,7 +42,35 @@ func (i *Interceptors) stopPodSandbox(ctx context.Context, req *runtimeapi.StopP
 	next func(context.Context, *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error),
 ) (*runtimeapi.StopPodSandboxResponse, error) {
 	i.abortSwapsIn(ctx, req.PodSandboxId, "the pod sandbox is being stopped")
-	return next(ctx, req)
+	resp, err := next(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	i.endOverrides(req.PodSandboxId, "stopped")
+	return resp, nil
+}
+
+// endOverrides drops the overrides of a sandbox that has ended. kubelet
+// never creates containers in a stopped sandbox (it makes a new one, with
+// new containers from the pod spec), so an override there can never apply
+// again; left in place until kubelet's garbage collection removes the
+// sandbox (a minute or more), `inplacectl overrides` would show it as
+// active next to the pod's new incarnation of the same name, which runs
+// the declared spec.
+func (i *Interceptors) endOverrides(sandboxID, how string) {
+	all, err := i.store.Overrides()
+	if err != nil {
+		i.log.Error("read overrides", zap.String("sandbox_id", sandboxID), zap.Error(err))
+		return
+	}
+	for _, o := range all {
+		if o.SandboxID != sandboxID {
+			continue
+		}
+		i.log.Info("pod sandbox ended: dropping swap override", zap.String("sandbox_id", sandboxID),
+			zap.String("container", o.Container), zap.String("swap_id", o.SwapID), zap.String("how", how))
+		i.dropOverride(o, fmt.Sprintf("pod sandbox %s: override of swap %s ends with it", how, o.SwapID))
+	}
 }
 
 func (i *Interceptors) removePodSandbox(ctx context.Context, req *runtimeapi.RemovePodSandboxRequest,
@@ -52,6 +81,7 @@ func (i *Interceptors) removePodSandbox(ctx context.Context, req *runtimeapi.Rem
 	if err != nil && status.Code(err) != codes.NotFound {
 		return nil, err
 	}
+	i.endOverrides(req.PodSandboxId, "removed")
 	if derr := i.store.DeleteSandbox(req.PodSandboxId); derr != nil {
 		i.log.Error("drop sandbox record", zap.String("sandbox_id", req.PodSandboxId), zap.Error(derr))
 	}

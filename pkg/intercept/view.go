@@ -9,16 +9,62 @@ import (
 	"github.com/inplaced/inplaced/pkg/fence"
 )
 
+// mask is the view of one swap whose mask is on, with the container name
+// and sandbox it covers.
+type mask struct {
+	key fence.Key
+	fence.View
+}
+
 // masked returns the masks of running swaps whose mask is on.
-func (i *Interceptors) masked(sandboxID string) []fence.View {
-	var out []fence.View
+func (i *Interceptors) masked(sandboxID string) []mask {
+	var out []mask
 	for _, f := range i.fences.BySandbox(sandboxID) {
 		if v := f.View(); v.Masking {
-			out = append(out, v)
+			out = append(out, mask{key: f.Key, View: v})
 		}
 	}
 	return out
 }
+
+// hides reports whether m keeps a container from kubelet: one the swap has
+// registered (Hide), or any other container of the masked name in the
+// sandbox created after the old one. The swap can register its new
+// container only once the runtime has answered its CreateContainer, but
+// the runtime lists the container from the moment it exists; a kubelet
+// relist in between would see a newest container of the name in state
+// CREATED, and kubelet starts such a container at once (a second
+// CreateContainer racing the swap). kubelet itself cannot have made such a
+// container: its CreateContainer for the name waits on the fence.
+func (m mask) hides(id, sandboxID, name string, createdAt int64) bool {
+	if m.Hidden[id] {
+		return true
+	}
+	if id == m.OldID || sandboxID != m.key.SandboxID || name != m.key.Name {
+		return false
+	}
+	var oldCreated int64
+	switch {
+	case m.OldEntry != nil:
+		oldCreated = m.OldEntry.CreatedAt
+	case m.OldStatus != nil:
+		oldCreated = m.OldStatus.CreatedAt
+	default:
+		return false
+	}
+	return createdAt > oldCreated
+}
+
+// containerName is the name kubelet knows a container by: its
+// io.kubernetes.container.name label, else its metadata name.
+func containerName(labels map[string]string, md *runtimeapi.ContainerMetadata) string {
+	if n := labels[labelContainerName]; n != "" {
+		return n
+	}
+	return md.GetName()
+}
+
+const labelContainerName = "io.kubernetes.container.name"
 
 func (i *Interceptors) listContainers(ctx context.Context, req *runtimeapi.ListContainersRequest,
 	next func(context.Context, *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error),
@@ -28,7 +74,7 @@ func (i *Interceptors) listContainers(ctx context.Context, req *runtimeapi.ListC
 		return nil, err
 	}
 	seenSandbox := map[string]bool{}
-	var views []fence.View
+	var views []mask
 	for _, c := range resp.Containers {
 		if !seenSandbox[c.PodSandboxId] {
 			seenSandbox[c.PodSandboxId] = true
@@ -52,7 +98,7 @@ func (i *Interceptors) listContainers(ctx context.Context, req *runtimeapi.ListC
 	}
 	out := make([]*runtimeapi.Container, 0, len(resp.Containers))
 	for _, c := range resp.Containers {
-		if hiddenIn(views, c.Id) {
+		if hiddenIn(views, c.Id, c.PodSandboxId, containerName(c.Labels, c.Metadata), c.CreatedAt) {
 			continue
 		}
 		if v, ok := oldIn(views, c.Id); ok && v.OldEntry != nil {
@@ -68,22 +114,22 @@ func (i *Interceptors) listContainers(ctx context.Context, req *runtimeapi.ListC
 	return &runtimeapi.ListContainersResponse{Containers: out}, nil
 }
 
-func hiddenIn(views []fence.View, id string) bool {
+func hiddenIn(views []mask, id, sandboxID, name string, createdAt int64) bool {
 	for _, v := range views {
-		if v.Hidden[id] {
+		if v.hides(id, sandboxID, name, createdAt) {
 			return true
 		}
 	}
 	return false
 }
 
-func oldIn(views []fence.View, id string) (fence.View, bool) {
+func oldIn(views []mask, id string) (mask, bool) {
 	for _, v := range views {
 		if v.OldID == id {
 			return v, true
 		}
 	}
-	return fence.View{}, false
+	return mask{}, false
 }
 
 // matchesFilter applies a CRI ContainerFilter like the runtime does.
@@ -138,7 +184,7 @@ func (i *Interceptors) podSandboxStatus(ctx context.Context, req *runtimeapi.Pod
 	}
 	out := resp.ContainersStatuses[:0]
 	for _, s := range resp.ContainersStatuses {
-		if hiddenIn(views, s.Id) {
+		if hiddenIn(views, s.Id, req.PodSandboxId, containerName(s.Labels, s.Metadata), s.CreatedAt) {
 			continue
 		}
 		if v, ok := oldIn(views, s.Id); ok && v.OldStatus != nil {
@@ -163,6 +209,17 @@ func (i *Interceptors) containerEvent(_ context.Context, msg []byte) bool {
 	}
 	f := i.fences.ByContainer(ev.ContainerId)
 	if f == nil {
+		// A container the swap created but has not registered yet.
+		sb := ev.GetPodSandboxStatus().GetId()
+		if sb == "" {
+			return true
+		}
+		views := i.masked(sb)
+		for _, s := range ev.ContainersStatuses {
+			if s.GetId() == ev.ContainerId && hiddenIn(views, s.Id, sb, containerName(s.Labels, s.Metadata), s.CreatedAt) {
+				return false
+			}
+		}
 		return true
 	}
 	v := f.View()
