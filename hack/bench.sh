@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# make bench: runs the benchmarks in test/bench (each against private
+# containerd instances of every backend in $INPLACED_BACKENDS, default both)
+# and writes docs/benchmarks.md from what they measured.
+#
+#   BENCH=regexp       which benchmarks (go test -bench), default "."
+#   BENCHTIME=2s       go test -benchtime; the benchmarks also have minimums
+#                      of their own (2000 calls per path and cell, 5
+#                      repetitions per replacement method: INPLACED_BENCH_REPS)
+#   BENCH_OUT=dir      where the log, results and load samples go
+#                      (default _output/bench)
+#
+# Expects the binaries in $INPLACED_BIN (make bench builds them first).
+# On failure the markdown is written to $BENCH_OUT/benchmarks.md instead of
+# docs/, so that a broken run never replaces the measured document.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${ROOT}"
+BENCH="${BENCH:-.}"
+BENCHTIME="${BENCHTIME:-2s}"
+OUT="${BENCH_OUT:-${ROOT}/_output/bench}"
+export INPLACED_BIN="${INPLACED_BIN:-${ROOT}/_output/bin}"
+export INPLACED_BENCH_RESULTS="${OUT}/results.jsonl"
+
+log() { printf '[bench] %s\n' "$*" >&2; }
+
+if [[ $(id -u) -ne 0 ]]; then
+	log "needs root (containerd, runc, CNI)"
+	exit 1
+fi
+for b in inplaced inplacectl; do
+	if [[ ! -x "${INPLACED_BIN}/${b}" ]]; then
+		log "${INPLACED_BIN}/${b} missing: run make build (make bench does)"
+		exit 1
+	fi
+done
+
+mkdir -p "${OUT}"
+rm -f "${INPLACED_BENCH_RESULTS}" "${OUT}/load.txt"
+started="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+
+# The machine's load, every 5 s, so the document can say how quiet it was.
+(while :; do cat /proc/loadavg; sleep 5; done) >"${OUT}/load.txt" 2>/dev/null &
+load_pid=$!
+trap 'kill "${load_pid}" 2>/dev/null || true' EXIT
+
+cmd=(go test -run '^$' -bench "${BENCH}" -benchtime "${BENCHTIME}" -timeout 45m ./test/bench/)
+log "${cmd[*]} (log: ${OUT}/bench.log)"
+set +e
+"${cmd[@]}" 2>&1 | tee "${OUT}/bench.log" |
+	grep --line-buffered -E '^(Benchmark|--- |PASS|FAIL|ok|panic)|^\s+(cri|replace|resize|relay|env)_(bench_)?test\.go:'
+rc=${PIPESTATUS[0]}
+set -e
+kill "${load_pid}" 2>/dev/null || true
+finished="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+
+doc="${ROOT}/docs/benchmarks.md"
+if ((rc != 0)); then
+	doc="${OUT}/benchmarks.md"
+	log "go test failed (exit ${rc}): writing ${doc}, docs/benchmarks.md left as it was"
+fi
+mkdir -p "$(dirname "${doc}")"
+go run ./test/bench/benchdoc \
+	-results "${INPLACED_BENCH_RESULTS}" -bench-output "${OUT}/bench.log" -load "${OUT}/load.txt" \
+	-started "${started}" -finished "${finished}" \
+	-commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- pkg cmd 2>/dev/null || echo '+changes')" \
+	-command "${cmd[*]}" -out "${doc}"
+log "wrote ${doc}"
+exit "${rc}"

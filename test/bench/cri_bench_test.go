@@ -1,0 +1,221 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/inplaced/inplaced/test/bench/report"
+	"github.com/inplaced/inplaced/test/harness"
+)
+
+// The node BenchmarkCRI measures on: criPods sandboxes with criPerPod
+// containers each, every one labelled and annotated as kubelet does, so
+// ListContainers answers with a kubelet-sized message.
+const (
+	criPods   = 10
+	criPerPod = 10
+	// criMinSamples is the least number of calls per path and cell, whatever
+	// -benchtime says: p99 needs about a thousand.
+	criMinSamples = 2000
+)
+
+// criCall is one CRI read call as kubelet makes it.
+type criCall struct {
+	name string
+	note string
+	do   func(ctx context.Context, c *harness.CRIClient, i int) error
+}
+
+// BenchmarkCRI measures the per-call latency of kubelet's read calls
+// directly on containerd's socket and through inplaced, in alternating
+// batches so that noise on the machine hits both paths alike, at 1 and 16
+// concurrent callers sharing one connection (as kubelet does). Each cell
+// reports p50/p99 of both paths and their ratios; the results file gets the
+// full summaries, and inplaced's RSS after all cells of a backend.
+func BenchmarkCRI(b *testing.B) {
+	benchBackends(b, func(b *testing.B, ctrd *harness.Containerd) {
+		px := startBenchProxy(b, ctrd.Endpoint, 3*time.Second)
+		direct := ctrd.CRI(b)
+		proxy := harness.DialCRI(b, px.Endpoint)
+		ids := criPopulate(b, direct, ctrd.Images)
+		image := ctrd.Images.Pause // what the containers run
+		calls := []criCall{
+			{name: "Version", do: func(ctx context.Context, c *harness.CRIClient, _ int) error {
+				_, err := c.Runtime.Version(ctx, &runtimeapi.VersionRequest{})
+				return err
+			}},
+			{name: "ListPodSandbox", note: fmt.Sprintf("%d sandboxes", criPods), do: func(ctx context.Context, c *harness.CRIClient, _ int) error {
+				_, err := c.Runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+				return err
+			}},
+			{name: "ListContainers", note: fmt.Sprintf("%d containers", len(ids)), do: func(ctx context.Context, c *harness.CRIClient, _ int) error {
+				resp, err := c.Runtime.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+				if err == nil && len(resp.Containers) != len(ids) {
+					err = fmt.Errorf("ListContainers: %d containers, want %d", len(resp.Containers), len(ids))
+				}
+				return err
+			}},
+			{name: "ContainerStatus", do: func(ctx context.Context, c *harness.CRIClient, i int) error {
+				_, err := c.Runtime.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: ids[i%len(ids)]})
+				return err
+			}},
+			{name: "ImageStatus", do: func(ctx context.Context, c *harness.CRIClient, _ int) error {
+				resp, err := c.Image.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: image}})
+				if err == nil && resp.Image == nil {
+					err = fmt.Errorf("ImageStatus: image not found")
+				}
+				return err
+			}},
+		}
+		var relayed int64
+		for _, call := range calls {
+			for _, conc := range []int{1, 16} {
+				b.Run(fmt.Sprintf("%s/c%d", call.name, conc), func(b *testing.B) {
+					l := criMeasure(b, direct, proxy, call, conc)
+					l.Backend = string(ctrd.Backend)
+					relayed += int64(l.Proxy.N)
+					mustAppend(b, report.Record{Latency: l})
+				})
+			}
+		}
+		rss, hwm, err := vmStatus(px.PID())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("inplaced after %d relayed calls: VmRSS %d KiB, VmHWM %d KiB", relayed, rss, hwm)
+		mustAppend(b, report.Record{Memory: &report.Memory{Backend: string(ctrd.Backend), VmRSSKiB: rss, VmHWMKiB: hwm, Calls: relayed}})
+	})
+}
+
+// criPopulate creates criPods pods of criPerPod containers (the pause image
+// running sleep) directly on the backend and returns the container IDs.
+func criPopulate(b *testing.B, direct *harness.CRIClient, imgs harness.Images) []string {
+	b.Helper()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := direct.Image.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: imgs.Pause}}); err != nil {
+		b.Fatalf("PullImage: %v", err)
+	}
+	pods := make([]*kubePod, criPods)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(2)
+	for i := range pods {
+		p := newKubePodConfig(b, fmt.Sprintf("cri-%02d", i))
+		pods[i] = p
+		g.Go(func() error {
+			if err := p.run(gctx, direct); err != nil {
+				return err
+			}
+			for j := range criPerPod {
+				if _, err := p.start(gctx, direct, p.kubeContainerConfig(fmt.Sprintf("c%02d", j), imgs.Pause, 0)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
+	var ids []string
+	for _, p := range pods {
+		ids = append(ids, p.containerIDs...)
+	}
+	b.Logf("%d pods with %d containers in %s", len(pods), len(ids), time.Since(start).Round(time.Millisecond))
+	return ids
+}
+
+// criMeasure runs call in rounds of one direct and one proxy batch (their
+// order alternating), each batch conc goroutines making perG calls, until
+// b.Loop is done and each path has criMinSamples samples.
+func criMeasure(b *testing.B, direct, proxy *harness.CRIClient, call criCall, conc int) *report.Latency {
+	perG := max(32/conc, 8)
+	ctx := context.Background()
+	var dS, pS []time.Duration
+	var seq int
+	batch := func(c *harness.CRIClient, record bool) {
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var firstErr error
+		out := make([][]time.Duration, conc)
+		begin := make(chan struct{})
+		for g := range conc {
+			base := seq + g*perG
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s := make([]time.Duration, 0, perG)
+				<-begin
+				for i := range perG {
+					t0 := time.Now()
+					err := call.do(ctx, c, base+i)
+					d := time.Since(t0)
+					if err != nil {
+						mu.Lock()
+						if firstErr == nil {
+							firstErr = err
+						}
+						mu.Unlock()
+						return
+					}
+					s = append(s, d)
+				}
+				out[g] = s
+			}()
+		}
+		close(begin)
+		wg.Wait()
+		seq += conc * perG
+		if firstErr != nil {
+			b.Fatalf("%s: %v", call.name, firstErr)
+		}
+		if !record {
+			return
+		}
+		for _, s := range out {
+			if c == direct {
+				dS = append(dS, s...)
+			} else {
+				pS = append(pS, s...)
+			}
+		}
+	}
+	round := 0
+	one := func() {
+		if round%2 == 0 {
+			batch(direct, true)
+			batch(proxy, true)
+		} else {
+			batch(proxy, true)
+			batch(direct, true)
+		}
+		round++
+	}
+	// Warm both paths: connections, caches, the proxy's goroutines.
+	batch(direct, false)
+	batch(proxy, false)
+	for b.Loop() {
+		one()
+	}
+	for len(dS) < criMinSamples || len(pS) < criMinSamples {
+		one()
+	}
+	l := &report.Latency{Method: call.name, Concurrency: conc, Rounds: round, Note: call.note,
+		Direct: report.Summarize(dS), Proxy: report.Summarize(pS)}
+	us := func(ns int64) float64 { return float64(ns) / 1e3 }
+	b.ReportMetric(float64(l.Proxy.P50), "ns/op")
+	b.ReportMetric(us(l.Direct.P50), "direct-p50-µs")
+	b.ReportMetric(us(l.Proxy.P50), "proxy-p50-µs")
+	b.ReportMetric(float64(l.Proxy.P50)/float64(l.Direct.P50), "p50-ratio")
+	b.ReportMetric(us(l.Direct.P99), "direct-p99-µs")
+	b.ReportMetric(us(l.Proxy.P99), "proxy-p99-µs")
+	b.ReportMetric(float64(l.Proxy.P99)/float64(l.Direct.P99), "p99-ratio")
+	return l
+}

@@ -1,0 +1,202 @@
+// Package report carries what the benchmarks in test/bench measure to
+// docs/benchmarks.md.
+//
+// The benchmarks append one JSON Record per line to the file named by
+// $INPLACED_BENCH_RESULTS (nothing is written when it is unset, so a plain
+// `go test -bench` works too). hack/bench.sh then runs test/bench/benchdoc,
+// which reads those records, the `go test -bench` output (for benchmarks that
+// report only through the testing package, like the resize benchmark) and
+// the machine's facts, and renders the markdown with Render.
+//
+// Latencies are kept as per-call samples and summarised here (nearest-rank
+// percentiles), not as ns/op: a proxy's cost shows in the tail as much as in
+// the mean.
+package report
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"sync"
+	"time"
+)
+
+// EnvResults names the JSON-lines file the benchmarks append Records to.
+const EnvResults = "INPLACED_BENCH_RESULTS"
+
+// Summary describes a set of per-call latency samples. Durations are in
+// nanoseconds.
+type Summary struct {
+	N    int   `json:"n"`
+	P50  int64 `json:"p50_ns"`
+	P90  int64 `json:"p90_ns"`
+	P99  int64 `json:"p99_ns"`
+	Mean int64 `json:"mean_ns"`
+	Min  int64 `json:"min_ns"`
+	Max  int64 `json:"max_ns"`
+}
+
+// Summarize sorts samples in place and returns their summary.
+func Summarize(samples []time.Duration) Summary {
+	if len(samples) == 0 {
+		return Summary{}
+	}
+	slices.Sort(samples)
+	var sum float64
+	for _, s := range samples {
+		sum += float64(s)
+	}
+	return Summary{
+		N:    len(samples),
+		P50:  int64(Percentile(samples, 50)),
+		P90:  int64(Percentile(samples, 90)),
+		P99:  int64(Percentile(samples, 99)),
+		Mean: int64(sum / float64(len(samples))),
+		Min:  int64(samples[0]),
+		Max:  int64(samples[len(samples)-1]),
+	}
+}
+
+// Percentile is the nearest-rank p-th percentile of sorted samples: the
+// smallest sample such that at least p% of the samples are ≤ it.
+func Percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	rank := int(math.Ceil(p / 100 * float64(len(sorted))))
+	rank = min(max(rank, 1), len(sorted))
+	return sorted[rank-1]
+}
+
+// Median returns the median of ns values (the mean of the middle two for an
+// even count).
+func Median(ns []int64) int64 {
+	if len(ns) == 0 {
+		return 0
+	}
+	s := slices.Clone(ns)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// Latency compares one CRI method called directly on the backend's socket
+// and through inplaced, measured in alternating batches in the same run.
+type Latency struct {
+	Backend     string  `json:"backend"`
+	Method      string  `json:"method"`
+	Concurrency int     `json:"concurrency"`
+	Rounds      int     `json:"rounds"` // direct/proxy batch pairs
+	Direct      Summary `json:"direct"`
+	Proxy       Summary `json:"proxy"`
+	Note        string  `json:"note,omitempty"` // e.g. "100 containers"
+	// Phase tells runs of one build apart, e.g. "before" and "after" a
+	// relay change measured with an in-process relay.
+	Phase string `json:"phase,omitempty"`
+}
+
+// Memory is inplaced's memory after the latency runs, from
+// /proc/<pid>/status.
+type Memory struct {
+	Backend  string `json:"backend"`
+	VmRSSKiB int64  `json:"vmrss_kib"`
+	VmHWMKiB int64  `json:"vmhwm_kib"` // peak RSS
+	Calls    int64  `json:"calls"`     // calls relayed before the reading
+}
+
+// Downtime is how long a container name had nothing running while it was
+// replaced by one method: from the StopContainer call on the old container
+// until StartContainer of the new one returned.
+type Downtime struct {
+	Backend string `json:"backend"`
+	Image   string `json:"image"`  // "App2" or "Large"
+	Method  string `json:"method"` // MethodSwap, MethodKubelet, MethodRecreate
+	// Pulled says whether the new image was removed from the node before the
+	// replacement, so that a pull was part of it.
+	Pulled bool `json:"pulled"`
+	// Samples are the downtimes of the repetitions, in order.
+	Samples []int64 `json:"samples_ns"`
+	// Steps holds per-step durations of each repetition (same order), e.g.
+	// "pull", "create", "start".
+	Steps []map[string]int64 `json:"steps_ns,omitempty"`
+}
+
+// Replacement methods.
+const (
+	MethodSwap     = "swap"
+	MethodKubelet  = "kubelet"
+	MethodRecreate = "recreate"
+)
+
+// Backend describes a backend the benchmarks ran against.
+type Backend struct {
+	Backend        string `json:"backend"`
+	Binary         string `json:"binary"`
+	RuntimeName    string `json:"runtime_name"`
+	RuntimeVersion string `json:"runtime_version"`
+}
+
+// Record is one line of the results file: exactly one field is set.
+type Record struct {
+	Time     time.Time `json:"time"`
+	Latency  *Latency  `json:"latency,omitempty"`
+	Memory   *Memory   `json:"memory,omitempty"`
+	Downtime *Downtime `json:"downtime,omitempty"`
+	Backend  *Backend  `json:"backend,omitempty"`
+}
+
+var appendMu sync.Mutex
+
+// Append writes rec to $INPLACED_BENCH_RESULTS, if set.
+func Append(rec Record) error {
+	path := os.Getenv(EnvResults)
+	if path == "" {
+		return nil
+	}
+	if rec.Time.IsZero() {
+		rec.Time = time.Now().UTC()
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	appendMu.Lock()
+	defer appendMu.Unlock()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// Load reads a results file.
+func Load(path string) ([]Record, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []Record
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for line := 1; sc.Scan(); line++ {
+		if len(sc.Bytes()) == 0 {
+			continue
+		}
+		var r Record
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", path, line, err)
+		}
+		out = append(out, r)
+	}
+	return out, sc.Err()
+}

@@ -1,0 +1,150 @@
+package report
+
+import (
+	"bytes"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSummarize(t *testing.T) {
+	var s []time.Duration
+	for i := 100; i >= 1; i-- { // unsorted on purpose
+		s = append(s, time.Duration(i)*time.Microsecond)
+	}
+	got := Summarize(s)
+	want := Summary{N: 100, P50: 50e3, P90: 90e3, P99: 99e3, Mean: 50500, Min: 1e3, Max: 100e3}
+	if got != want {
+		t.Fatalf("Summarize = %+v, want %+v", got, want)
+	}
+	if Summarize(nil) != (Summary{}) {
+		t.Fatal("Summarize(nil) not zero")
+	}
+	one := []time.Duration{7}
+	if p := Percentile(one, 99); p != 7 {
+		t.Fatalf("p99 of one sample = %v", p)
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		in   []int64
+		want int64
+	}{{nil, 0}, {[]int64{5}, 5}, {[]int64{9, 1, 5}, 5}, {[]int64{4, 1, 3, 2}, 2}} {
+		if got := Median(c.in); got != c.want {
+			t.Errorf("Median(%v) = %d, want %d", c.in, got, c.want)
+		}
+	}
+}
+
+func TestParseGoBench(t *testing.T) {
+	out := `goos: linux
+BenchmarkResize/containerd-2.4/inplaced-2         	      20	  51234567 ns/op
+    resize_bench_test.go:12: some log
+BenchmarkResize/containerd-2.4/cgroup-2           	  300000	      4100 ns/op
+BenchmarkCRI/containerd-2.4/Version/c1-2  	      25	    818369 ns/op	       258.2 direct-p50-µs	         3.170 p50-ratio
+--- FAIL: BenchmarkX
+PASS
+`
+	got, err := ParseGoBench(strings.NewReader(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("%d results: %+v", len(got), got)
+	}
+	if got[0].Name != "BenchmarkResize/containerd-2.4/inplaced" || got[0].Procs != 2 || got[0].N != 20 || got[0].Metrics["ns/op"] != 51234567 {
+		t.Errorf("first: %+v", got[0])
+	}
+	if got[2].Metrics["p50-ratio"] != 3.170 || got[2].Metrics["direct-p50-µs"] != 258.2 {
+		t.Errorf("custom metrics: %+v", got[2].Metrics)
+	}
+}
+
+func TestAppendLoad(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "r.jsonl")
+	t.Setenv(EnvResults, path)
+	recs := []Record{
+		{Backend: &Backend{Backend: "containerd-2.4", RuntimeName: "containerd", RuntimeVersion: "2.4.2"}},
+		{Downtime: &Downtime{Backend: "containerd-2.4", Image: "App2", Method: MethodSwap, Samples: []int64{1, 2}}},
+	}
+	for _, r := range recs {
+		if err := Append(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Backend.RuntimeVersion != "2.4.2" || got[1].Downtime.Samples[1] != 2 || got[0].Time.IsZero() {
+		t.Fatalf("loaded %+v", got)
+	}
+}
+
+func sampleInput() Input {
+	us := func(n int64) int64 { return n * 1e3 }
+	ms := func(n int64) int64 { return n * 1e6 }
+	return Input{
+		Machine: Machine{CPUModel: "AMD EPYC", NProc: 2, Kernel: "6.1", GoVersion: "go1.26", Load: []float64{0.5, 3.5, 1}},
+		Records: []Record{
+			{Backend: &Backend{Backend: "containerd-2.4", RuntimeName: "containerd", RuntimeVersion: "2.4.2", Binary: "/x/containerd"}},
+			{Latency: &Latency{Backend: "containerd-2.4", Method: "Version", Concurrency: 1,
+				Direct: Summary{N: 2000, P50: us(60), P99: us(200)}, Proxy: Summary{N: 2000, P50: us(100), P99: us(300)}}},
+			{Latency: &Latency{Backend: "containerd-2.4", Method: "ListContainers", Concurrency: 1, Note: "100 containers",
+				Direct: Summary{N: 2000, P50: us(1000), P99: us(2000)}, Proxy: Summary{N: 2000, P50: us(1100), P99: us(2100)}}},
+			{Memory: &Memory{Backend: "containerd-2.4", VmRSSKiB: 20480, VmHWMKiB: 30720, Calls: 40000}},
+			{Downtime: &Downtime{Backend: "containerd-2.4", Image: "Large", Method: MethodSwap, Samples: []int64{ms(100), ms(120), ms(110)}}},
+			{Downtime: &Downtime{Backend: "containerd-2.4", Image: "Large", Method: MethodKubelet, Samples: []int64{ms(3000), ms(3100), ms(2900)}}},
+			{Downtime: &Downtime{Backend: "containerd-2.4", Image: "Large", Method: MethodRecreate, Samples: []int64{ms(500), ms(520), ms(510)},
+				Steps: []map[string]int64{{"remove-sandbox": ms(100)}, {"remove-sandbox": ms(100)}, {"remove-sandbox": ms(100)}}}},
+			{Latency: &Latency{Backend: InProcessBackend, Method: "Version", Concurrency: 1, Phase: "before",
+				Direct: Summary{N: 2000, P50: us(50)}, Proxy: Summary{N: 2000, P50: us(120)}}},
+		},
+	}
+}
+
+func TestRender(t *testing.T) {
+	var buf bytes.Buffer
+	if err := Render(&buf, sampleInput()); err != nil {
+		t.Fatal(err)
+	}
+	md := buf.String()
+	for _, want := range []string{
+		"AMD EPYC, 2 CPUs",
+		"containerd 2.4.2",
+		"| Version | 1 | 60 µs | 100 µs | 40 µs | 1.67× |",      // added 40 µs: within
+		"ListContainers (100 containers) p50 ≤ 1.05× direct", // target row
+		"| 1.10× (p99 1.05×) | **FAIL** |",                   // 1100/1000 > 1.05
+		"VmRSS 20.0 MiB",
+		"swap downtime ≤ 0.1× kubelet-style replacement (Large) | containerd-2.4 | 0.037× | **PASS**",
+		"swap downtime ≤ 0.3× pod recreation (Large) | containerd-2.4 | 0.22× | **PASS**",
+		"without the RemovePodSandbox step",
+		"| before | Version | 50 µs | 120 µs | 70 µs |",
+		"*Placeholder:*",
+		"load average exceeded the CPU count",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+}
+
+func TestRenderResize(t *testing.T) {
+	in := sampleInput()
+	in.ResizeFile = true
+	in.GoBench = []GoBench{
+		{Name: "BenchmarkResize/containerd-2.4/inplaced", N: 20, Metrics: map[string]float64{"ns/op": 50e6}},
+		{Name: "BenchmarkResize/containerd-2.4/cri", N: 30, Metrics: map[string]float64{"ns/op": 40e6}},
+		{Name: "BenchmarkResize/containerd-2.4/cgroup", N: 300000, Metrics: map[string]float64{"ns/op": 4000}},
+	}
+	var buf bytes.Buffer
+	if err := Render(&buf, in); err != nil {
+		t.Fatal(err)
+	}
+	want := "| containerd-2.4 | 50 ms (20 ops) | 40 ms (30 ops) | 4 µs (300000 ops) | 1.25× | 12500× | 10000× |"
+	if !strings.Contains(buf.String(), want) {
+		t.Errorf("markdown lacks %q:\n%s", want, buf.String())
+	}
+}
