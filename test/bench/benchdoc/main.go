@@ -91,7 +91,7 @@ func parseTime(s string) (time.Time, error) {
 func machine() report.Machine {
 	m := report.Machine{NProc: runtime.NumCPU(), GoVersion: runtime.Version()}
 	m.CPUModel = procField("/proc/cpuinfo", "model name")
-	if kb, err := strconv.ParseInt(strings.Fields(procField("/proc/meminfo", "MemTotal")+" 0")[0], 10, 64); err == nil && kb > 0 {
+	if kb, err := strconv.ParseInt(strings.Fields(procField("/proc/meminfo", "MemTotal") + " 0")[0], 10, 64); err == nil && kb > 0 {
 		m.MemTotal = fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
 	}
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {

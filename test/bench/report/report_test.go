@@ -114,7 +114,7 @@ func TestRender(t *testing.T) {
 	for _, want := range []string{
 		"AMD EPYC, 2 CPUs",
 		"containerd 2.4.2",
-		"| Version | 1 | 60 µs | 100 µs | 40 µs | 1.67× |",      // added 40 µs: within
+		"| Version | 1 | 60 µs | 100 µs | 40 µs | 1.67× |",   // added 40 µs: within
 		"ListContainers (100 containers) p50 ≤ 1.05× direct", // target row
 		"| 1.10× (p99 1.05×) | **FAIL** |",                   // 1100/1000 > 1.05
 		"VmRSS 20.0 MiB",
