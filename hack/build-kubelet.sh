@@ -46,8 +46,17 @@ done
 go mod edit "${args[@]}"
 go get "k8s.io/kubernetes/cmd/kubelet@${KUBELET_VERSION}" >/dev/null
 
+# What k8s' hack/lib/version.sh stamps, so that `kubelet --version` and the
+# node's kubeletVersion say v1.x.y instead of v0.0.0-master.
+major="${KUBELET_VERSION#v}"; major="${major%%.*}"
+minor="${KUBELET_VERSION#v*.}"; minor="${minor%%.*}"
+ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+	ldflags+=" -X ${pkg}.gitVersion=${KUBELET_VERSION} -X ${pkg}.gitMajor=${major} -X ${pkg}.gitMinor=${minor} -X ${pkg}.gitTreeState=clean"
+done
+
 mkdir -p "${DEST_DIR}"
-CGO_ENABLED=0 go build -trimpath -o "${DEST}.tmp" k8s.io/kubernetes/cmd/kubelet
+CGO_ENABLED=0 go build -trimpath -ldflags "${ldflags}" -o "${DEST}.tmp" k8s.io/kubernetes/cmd/kubelet
 mv "${DEST}.tmp" "${DEST}"
 log "built ${DEST} in $(( $(date +%s) - start ))s"
 "${DEST}" --version >&2

@@ -69,6 +69,7 @@ func TestConformance(t *testing.T) {
 
 	reg := harness.StartRegistry(t)
 	images := reg.PushTestImages(t)
+	reg.PushCritestImages(t)
 	imagesFile := filepath.Join(t.TempDir(), "test-images.yaml")
 	if err := os.WriteFile(imagesFile, []byte(images.TestImagesYAML()), 0o644); err != nil {
 		t.Fatal(err)
@@ -80,7 +81,7 @@ func TestConformance(t *testing.T) {
 			for _, m := range modes {
 				// A fresh containerd per run: nothing pulled or left by the
 				// first run changes the second.
-				c := harness.StartContainerd(t, b, reg)
+				c := harness.StartContainerd(t, b, reg, harness.WithMirrors(harness.CritestRegistryHosts...))
 				endpoint := c.Endpoint
 				var stopProxy func()
 				if m == Proxy {
@@ -294,8 +295,7 @@ func ParseReport(data []byte) (*Result, error) {
 			case "skipped", "pending":
 				res.Skipped = append(res.Skipped, name)
 			default: // failed, panicked, interrupted, aborted, timedout
-				msg, _, _ := strings.Cut(strings.TrimSpace(sr.Failure.Message), "\n")
-				res.Failed[name] = sr.State + ": " + msg
+				res.Failed[name] = sr.State + ": " + strings.Join(strings.Fields(sr.Failure.Message), " ")
 			}
 		}
 	}

@@ -28,7 +28,7 @@ func TestParseReport(t *testing.T) {
 		if !strings.HasPrefix(name, "[sig-node] Container runtime should support basic operations on container runtime should support creating") {
 			t.Errorf("failed spec name %q", name)
 		}
-		if msg != "failed: Expected" {
+		if msg != "failed: Expected <bool>: false to be true" {
 			t.Errorf("failure message %q", msg)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 type configData struct {
 	Dir, Socket, Registry, Pause, CNIConfDir, CertsDir string
 	StreamPort                                         int
+	Mirrors                                            []string
 }
 
 // containerd 1.6 reads the version 2 format.
@@ -50,6 +51,10 @@ state = "{{.Dir}}/state"
     max_conf_num = 1
   [plugins."io.containerd.grpc.v1.cri".registry.mirrors."{{.Registry}}"]
     endpoint = ["http://{{.Registry}}"]
+{{- range .Mirrors}}
+  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."{{.}}"]
+    endpoint = ["http://{{$.Registry}}"]
+{{- end}}
 `))
 
 // containerd 2.x reads the version 3 format: the CRI plugin is split into
@@ -116,6 +121,7 @@ func (c *Containerd) writeConfig() error {
 		CNIConfDir: filepath.Join(c.Dir, "net.d"),
 		CertsDir:   filepath.Join(c.Dir, "certs.d"),
 		StreamPort: c.StreamPort,
+		Mirrors:    c.Mirrors,
 	}
 	tmpl := config2
 	if c.Backend == Containerd16 {
@@ -129,12 +135,15 @@ func (c *Containerd) writeConfig() error {
 		return err
 	}
 
-	hostsDir := filepath.Join(d.CertsDir, c.Registry.Addr)
-	if err := os.MkdirAll(hostsDir, 0o755); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(hostsDir, "hosts.toml"), fmt.Appendf(nil, hostsTOML, c.Registry.Addr), 0o644); err != nil {
-		return err
+	// 2.x: one hosts dir per registry host, all served by the harness registry.
+	for _, host := range append([]string{c.Registry.Addr}, c.Mirrors...) {
+		hostsDir := filepath.Join(d.CertsDir, host)
+		if err := os.MkdirAll(hostsDir, 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(hostsDir, "hosts.toml"), fmt.Appendf(nil, hostsTOML, c.Registry.Addr), 0o644); err != nil {
+			return err
+		}
 	}
 
 	if err := os.MkdirAll(d.CNIConfDir, 0o755); err != nil {

@@ -47,6 +47,9 @@ type Containerd struct {
 	Images   Images
 	// PID is the pid of the running containerd, 0 while stopped.
 	PID int
+	// Mirrors are registry hosts (e.g. "registry.k8s.io") that this instance
+	// resolves to Registry (WithMirrors).
+	Mirrors []string
 
 	tb   testing.TB
 	slot *slot
@@ -61,7 +64,7 @@ type Containerd struct {
 // StartContainerd starts a private containerd of backend b that pulls from reg
 // (which gets the test images pushed) and uses Images.Pause as sandbox image.
 // tb.Cleanup tears it down: see Close.
-func StartContainerd(tb testing.TB, b Backend, reg *Registry) *Containerd {
+func StartContainerd(tb testing.TB, b Backend, reg *Registry, opts ...Option) *Containerd {
 	tb.Helper()
 	RequireRoot(tb)
 	Require(tb, string(b), b.Available(), fmt.Sprintf("%s or its containerd-shim-runc-v2 not found; run hack/install-deps.sh", ContainerdBinary(b)))
@@ -88,6 +91,9 @@ func StartContainerd(tb testing.TB, b Backend, reg *Registry) *Containerd {
 		Images:     images,
 		tb:         tb,
 	}
+	for _, o := range opts {
+		o(c)
+	}
 	c.Endpoint = "unix://" + c.Socket
 	tb.Cleanup(func() {
 		if err := c.Close(); err != nil {
@@ -112,6 +118,15 @@ func StartContainerd(tb testing.TB, b Backend, reg *Registry) *Containerd {
 	}
 	tb.Logf("%s running: pid %d, endpoint %s, bridge %s %s", b, c.PID, c.Endpoint, c.Bridge, c.Subnet)
 	return c
+}
+
+// Option configures StartContainerd.
+type Option func(*Containerd)
+
+// WithMirrors makes containerd pull images of these registry hosts from the
+// harness registry (same repository paths): e.g. CritestRegistryHosts.
+func WithMirrors(hosts ...string) Option {
+	return func(c *Containerd) { c.Mirrors = append(c.Mirrors, hosts...) }
 }
 
 // shortTempDir keeps unix socket paths short: $INPLACED_TEST_TMPDIR or /tmp.
@@ -231,9 +246,7 @@ func (c *Containerd) criReady() error {
 		return err
 	}
 	for _, cond := range resp.GetStatus().GetConditions() {
-		// Only the two conditions CRI requires: containerd 2.x on cgroup v1
-		// adds a false "ContainerdHasNoDeprecationWarnings" that means nothing here.
-		if cond.GetType() != runtimeapi.RuntimeReady && cond.GetType() != runtimeapi.NetworkReady {
+		if !requiredCondition(cond.GetType()) {
 			continue
 		}
 		if !cond.GetStatus() {

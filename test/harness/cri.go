@@ -76,6 +76,9 @@ func WaitCRIReady(endpoint string, timeout time.Duration) error {
 		if err == nil {
 			last = nil
 			for _, cond := range resp.GetStatus().GetConditions() {
+				if !requiredCondition(cond.GetType()) {
+					continue
+				}
 				if !cond.GetStatus() {
 					last = fmt.Errorf("%s: %s", cond.GetType(), cond.GetMessage())
 				}
@@ -89,6 +92,13 @@ func WaitCRIReady(endpoint string, timeout time.Duration) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return fmt.Errorf("%s not ready after %s: %v", endpoint, timeout, last)
+}
+
+// requiredCondition tells the runtime conditions CRI requires: RuntimeReady
+// and NetworkReady. containerd 2.x on cgroup v1 adds a false
+// "ContainerdHasNoDeprecationWarnings" that says nothing about readiness.
+func requiredCondition(t string) bool {
+	return t == runtimeapi.RuntimeReady || t == runtimeapi.NetworkReady
 }
 
 // Crictl runs crictl v1.37 against endpoint (runtime and image endpoint) and

@@ -121,6 +121,10 @@ func (r *Registry) PushTestImages(tb testing.TB) Images {
 
 type testImages struct {
 	pause, app1, app2, crash, large, busybox, web v1.Image
+
+	// For derived images (PushCritestImages).
+	base v1.Layer
+	app  []byte // test/images/app built as v1
 }
 
 var (
@@ -162,7 +166,7 @@ func doBuildTestImages() (*testImages, error) {
 		return nil, err
 	}
 
-	out := &testImages{}
+	out := &testImages{base: base, app: apps["v1"]}
 	steps := []struct {
 		dst    *v1.Image
 		layers []v1.Layer
@@ -229,6 +233,7 @@ func (b *tarBuilder) dir(path string, mode int64) error {
 }
 
 func (b *tarBuilder) file(path string, mode int64, data []byte) error {
+	// Mode may hold the setuid bit (0o4000): tar keeps it, owner is root.
 	if err := b.tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: path, Mode: mode, Size: int64(len(data)), ModTime: fixedTime, Format: tar.FormatPAX}); err != nil {
 		return err
 	}
@@ -297,7 +302,7 @@ func busyboxLayer(busybox string) (v1.Layer, error) {
 	for _, d := range []struct {
 		path string
 		mode int64
-	}{{"bin", 0o755}, {"etc", 0o755}, {"home", 0o755}, {"root", 0o700}, {"tmp", 0o1777}, {"var", 0o755}, {"var/www", 0o755}, {"www", 0o755}} {
+	}{{"bin", 0o755}, {"etc", 0o755}, {"home", 0o755}, {"root", 0o700}, {"tmp", 0o1777}, {"var", 0o755}, {"var/run", 0o755}, {"var/www", 0o755}, {"www", 0o755}} {
 		if err := b.dir(d.path, d.mode); err != nil {
 			return nil, err
 		}

@@ -2,9 +2,15 @@
 // (see test/harness). It is built twice with -ldflags "-X main.version=v1|v2" so
 // that the two images carry different binaries.
 //
-// It prints its version, serves HTTP on -listen (GET /version, GET /healthz) and
-// otherwise waits; SIGTERM or SIGINT make it exit 0. -exit N makes it print its
-// version and exit at once with code N (the Crash image uses -exit 3).
+// It prints its version, serves HTTP on -listen (GET /version, GET /healthz,
+// and 200 for any other GET) and otherwise waits; SIGTERM or SIGINT make it exit
+// 0. -exit N makes it print its version and exit at once with code N (the Crash
+// image uses -exit 3).
+//
+// The same binary stands in for upstream images critest pulls (see
+// test/harness PushCritestImages): installed as "nginx" with -pidfile it is a
+// web server whose pid `pidof nginx` finds; setuid root with -print-euid it
+// prints "Effective uid: N" like the nonewprivs image.
 package main
 
 import (
@@ -30,8 +36,20 @@ func run(args []string) int {
 	fs := flag.NewFlagSet("app", flag.ContinueOnError)
 	listen := fs.String("listen", ":8080", "HTTP listen address; empty disables the server")
 	exitCode := fs.Int("exit", -1, "print the version and exit at once with this code")
+	pidFile := fs.String("pidfile", "", "write the pid to this file")
+	printEUID := fs.Bool("print-euid", false, `print "Effective uid: N" and exit 0`)
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *printEUID {
+		fmt.Printf("Effective uid: %d\n", os.Geteuid())
+		return 0
+	}
+	if *pidFile != "" {
+		if err := os.WriteFile(*pidFile, []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o644); err != nil {
+			fmt.Fprintf(os.Stderr, "app: %v\n", err)
+			return 1
+		}
 	}
 
 	fmt.Printf("app version %s pid %d\n", version, os.Getpid())
@@ -54,6 +72,9 @@ func run(args []string) int {
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, "app %s\n", version)
 	})
 	srv := &http.Server{Addr: *listen, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 
