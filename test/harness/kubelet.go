@@ -498,6 +498,9 @@ type StaticContainer struct {
 	// ReadinessHTTP, when non-zero, adds an httpGet readiness probe on
 	// that port at /healthz every second.
 	ReadinessHTTP int
+	// PreStopSleep, when non-zero, adds a preStop sleep handler of that
+	// many seconds.
+	PreStopSleep int64
 }
 
 // Manifest returns the pod as a JSON manifest, imagePullPolicy IfNotPresent.
@@ -529,6 +532,9 @@ func (p StaticPod) Manifest() []byte {
 		}
 		if c.Args != nil {
 			m["args"] = c.Args
+		}
+		if c.PreStopSleep != 0 {
+			m["lifecycle"] = map[string]any{"preStop": map[string]any{"sleep": map[string]int64{"seconds": c.PreStopSleep}}}
 		}
 		if c.ReadinessHTTP != 0 {
 			m["readinessProbe"] = map[string]any{
