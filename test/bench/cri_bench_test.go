@@ -23,6 +23,9 @@ const (
 	// criMinSamples is the least number of calls per path and cell, whatever
 	// -benchtime says: p99 needs about a thousand.
 	criMinSamples = 2000
+	// criProfileTime is how long each call is made through the proxy while
+	// perf samples inplaced.
+	criProfileTime = 1500 * time.Millisecond
 )
 
 // criCall is one CRI read call as kubelet makes it.
@@ -74,22 +77,49 @@ func BenchmarkCRI(b *testing.B) {
 			}},
 		}
 		var relayed int64
+		cpuStart, err := procCPU(px.PID())
+		if err != nil {
+			b.Fatal(err)
+		}
 		for _, call := range calls {
 			for _, conc := range []int{1, 16} {
 				b.Run(fmt.Sprintf("%s/c%d", call.name, conc), func(b *testing.B) {
-					l := criMeasure(b, direct, proxy, call, conc)
+					cpu0, _ := procCPU(px.PID())
+					l, proxyCalls := criMeasure(b, direct, proxy, call, conc)
+					if cpu1, err := procCPU(px.PID()); err == nil && proxyCalls > 0 {
+						l.ProxyCPUPerCall = int64(cpu1-cpu0) / int64(proxyCalls)
+					}
 					l.Backend = string(ctrd.Backend)
-					relayed += int64(l.Proxy.N)
+					relayed += int64(proxyCalls)
 					mustAppend(b, report.Record{Latency: l})
 				})
 			}
 		}
+		cpuEnd, _ := procCPU(px.PID())
 		rss, hwm, err := vmStatus(px.PID())
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Logf("inplaced after %d relayed calls: VmRSS %d KiB, VmHWM %d KiB", relayed, rss, hwm)
-		mustAppend(b, report.Record{Memory: &report.Memory{Backend: string(ctrd.Backend), VmRSSKiB: rss, VmHWMKiB: hwm, Calls: relayed}})
+		b.Logf("inplaced after %d relayed calls: VmRSS %d KiB, VmHWM %d KiB, CPU %s", relayed, rss, hwm, cpuEnd-cpuStart)
+		mustAppend(b, report.Record{Memory: &report.Memory{Backend: string(ctrd.Backend), VmRSSKiB: rss, VmHWMKiB: hwm,
+			Calls: relayed, CPUNs: int64(cpuEnd - cpuStart)}})
+
+		// Where inplaced's CPU goes, sampled by perf in a phase of its own
+		// (so the sampling does not touch the figures above): every call
+		// through the proxy, one caller, criProfileTime each.
+		if rec := startPerf(b, px.PID()); rec != nil {
+			for _, call := range calls {
+				deadline := time.Now().Add(criProfileTime)
+				for i := 0; time.Now().Before(deadline); i++ {
+					if err := call.do(context.Background(), proxy, i); err != nil {
+						b.Fatalf("%s: %v", call.name, err)
+					}
+				}
+			}
+			if prof := rec.stop(b, string(ctrd.Backend)); prof != nil {
+				mustAppend(b, report.Record{Profile: prof})
+			}
+		}
 	})
 }
 
@@ -135,11 +165,12 @@ func criPopulate(b *testing.B, direct *harness.CRIClient, imgs harness.Images) [
 // criMeasure runs call in rounds of one direct and one proxy batch (their
 // order alternating), each batch conc goroutines making perG calls, until
 // b.Loop is done and each path has criMinSamples samples.
-func criMeasure(b *testing.B, direct, proxy *harness.CRIClient, call criCall, conc int) *report.Latency {
+// It returns the summary and how many calls went through the proxy in all.
+func criMeasure(b *testing.B, direct, proxy *harness.CRIClient, call criCall, conc int) (*report.Latency, int) {
 	perG := max(32/conc, 8)
 	ctx := context.Background()
 	var dS, pS []time.Duration
-	var seq int
+	var seq, proxyCalls int
 	batch := func(c *harness.CRIClient, record bool) {
 		var wg sync.WaitGroup
 		var mu sync.Mutex
@@ -173,6 +204,9 @@ func criMeasure(b *testing.B, direct, proxy *harness.CRIClient, call criCall, co
 		close(begin)
 		wg.Wait()
 		seq += conc * perG
+		if c == proxy {
+			proxyCalls += conc * perG
+		}
 		if firstErr != nil {
 			b.Fatalf("%s: %v", call.name, firstErr)
 		}
@@ -217,5 +251,5 @@ func criMeasure(b *testing.B, direct, proxy *harness.CRIClient, call criCall, co
 	b.ReportMetric(us(l.Direct.P99), "direct-p99-µs")
 	b.ReportMetric(us(l.Proxy.P99), "proxy-p99-µs")
 	b.ReportMetric(float64(l.Proxy.P99)/float64(l.Direct.P99), "p99-ratio")
-	return l
+	return l, proxyCalls
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -163,6 +164,20 @@ func (e *replaceEnv) removeImage(b *testing.B, ctx context.Context, image string
 	}
 	if st.Image != nil {
 		b.Fatalf("%s is still on the node after RemoveImage", image)
+	}
+	// containerd deletes unreferenced content in the same call (synchronous
+	// GC): the 100 MiB layer must be gone, or the next pull would not fetch it.
+	if image == e.ctrd.Images.Large {
+		blobs := filepath.Join(e.ctrd.Dir, "root", "io.containerd.content.v1.content", "blobs", "sha256")
+		entries, err := os.ReadDir(blobs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, de := range entries {
+			if fi, err := de.Info(); err == nil && fi.Size() >= harness.LargeFileSize {
+				b.Fatalf("the large layer %s is still in containerd's content store after RemoveImage", de.Name())
+			}
+		}
 	}
 }
 

@@ -71,6 +71,7 @@ type doc struct {
 	backend   map[string]*Backend
 	latencies map[string][]*Latency // by backend, in order
 	memory    map[string]*Memory
+	profile   map[string]*Profile
 	downtimes map[string]map[string]map[string]*Downtime // backend → image → method
 	inProc    []*Latency
 	rz        map[string]map[string]GoBench // backend → variant
@@ -78,7 +79,7 @@ type doc struct {
 }
 
 func newDoc(in Input) *doc {
-	d := &doc{in: in, backend: map[string]*Backend{}, latencies: map[string][]*Latency{}, memory: map[string]*Memory{},
+	d := &doc{in: in, backend: map[string]*Backend{}, latencies: map[string][]*Latency{}, memory: map[string]*Memory{}, profile: map[string]*Profile{},
 		downtimes: map[string]map[string]map[string]*Downtime{}, rz: map[string]map[string]GoBench{}}
 	seen := func(b string) {
 		if b != "" && !slices.Contains(d.backends, b) {
@@ -103,6 +104,9 @@ func newDoc(in Input) *doc {
 		case r.Memory != nil:
 			seen(r.Memory.Backend)
 			d.memory[r.Memory.Backend] = r.Memory
+		case r.Profile != nil:
+			seen(r.Profile.Backend)
+			d.profile[r.Profile.Backend] = r.Profile
 		case r.Downtime != nil:
 			x := r.Downtime
 			seen(x.Backend)
@@ -320,8 +324,8 @@ func (d *doc) latency(b *strings.Builder) {
 			continue
 		}
 		fmt.Fprintf(b, "### %s\n\n", be)
-		fmt.Fprintf(b, "| Call | Callers | Direct p50 | Proxy p50 | Added p50 | p50 ratio | Direct p99 | Proxy p99 | p99 ratio | Calls per path | Target |\n")
-		fmt.Fprintf(b, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
+		fmt.Fprintf(b, "| Call | Callers | Direct p50 | Proxy p50 | Added p50 | p50 ratio | Direct p99 | Proxy p99 | p99 ratio | inplaced CPU per call | Calls per path | Target |\n")
+		fmt.Fprintf(b, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
 		for _, l := range ls {
 			added := l.Proxy.P50 - l.Direct.P50
 			name := l.Method
@@ -332,15 +336,34 @@ func (d *doc) latency(b *strings.Builder) {
 			if l.Method == "ListContainers" {
 				target += fmt.Sprintf("; ≤ %.2f×: %s", TargetListRatio, verdict(ratio(float64(l.Proxy.P50), float64(l.Direct.P50)) <= TargetListRatio))
 			}
-			fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", name, l.Concurrency,
+			cpu := "–"
+			if l.ProxyCPUPerCall > 0 {
+				cpu = fmtDur(l.ProxyCPUPerCall)
+			}
+			fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", name, l.Concurrency,
 				fmtDur(l.Direct.P50), fmtDur(l.Proxy.P50), fmtDur(added), fmtRatio(ratio(float64(l.Proxy.P50), float64(l.Direct.P50))),
 				fmtDur(l.Direct.P99), fmtDur(l.Proxy.P99), fmtRatio(ratio(float64(l.Proxy.P99), float64(l.Direct.P99))),
-				min(l.Direct.N, l.Proxy.N), target)
+				cpu, min(l.Direct.N, l.Proxy.N), target)
 		}
 		b.WriteString("\n")
 		if m := d.memory[be]; m != nil {
-			fmt.Fprintf(b, "inplaced's memory after relaying %d calls of these cells: **VmRSS %.1f MiB**, peak (VmHWM) %.1f MiB (`/proc/<pid>/status`).\n\n",
-				m.Calls, float64(m.VmRSSKiB)/1024, float64(m.VmHWMKiB)/1024)
+			fmt.Fprintf(b, "inplaced after relaying the %d calls of these cells: **VmRSS %.1f MiB**, peak (VmHWM) %.1f MiB (`/proc/<pid>/status`); "+
+				"it used %s of CPU for them (`/proc/<pid>/stat` utime + stime), %s per call on average. "+
+				"*inplaced CPU per call* above is the same per cell.\n\n",
+				m.Calls, float64(m.VmRSSKiB)/1024, float64(m.VmHWMKiB)/1024, fmtDur(m.CPUNs), fmtDur(m.CPUNs/max(m.Calls, 1)))
+		}
+		if p := d.profile[be]; p != nil {
+			fmt.Fprintf(b, "Where inplaced's CPU time goes — `perf record -e cpu-clock -p <inplaced>` (self time, %d samples) "+
+				"in a phase of its own after the cells above, while each call was made through the proxy for %s by one caller:\n\n", p.Samples, "1.5 s")
+			fmt.Fprintf(b, "| Part of inplaced | Share of its CPU samples |\n|---|--:|\n")
+			for _, g := range p.Groups {
+				fmt.Fprintf(b, "| %s | %.1f%% |\n", g.Name, g.Percent)
+			}
+			b.WriteString("\n<details><summary>Top symbols</summary>\n\n| Symbol | Self |\n|---|--:|\n")
+			for _, t := range p.Top {
+				fmt.Fprintf(b, "| `%s` | %.1f%% |\n", t.Name, t.Percent)
+			}
+			b.WriteString("\n</details>\n\n")
 		}
 	}
 	if len(d.inProc) > 0 {

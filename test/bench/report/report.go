@@ -20,6 +20,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -98,6 +99,48 @@ type Latency struct {
 	// Phase tells runs of one build apart, e.g. "before" and "after" a
 	// relay change measured with an in-process relay.
 	Phase string `json:"phase,omitempty"`
+	// ProxyCPUPerCall is the CPU time (user + system) inplaced spent during
+	// the cell divided by the calls it relayed, in ns; 0 if unknown.
+	ProxyCPUPerCall int64 `json:"proxy_cpu_per_call_ns,omitempty"`
+}
+
+// Profile is where inplaced's CPU time went while it relayed the calls of
+// BenchmarkCRI, from `perf record -p` (self time, cpu-clock samples).
+type Profile struct {
+	Backend string `json:"backend"`
+	Samples int64  `json:"samples"`
+	// Groups is the share of samples per part of the program (see
+	// ProfileGroup), largest first.
+	Groups []ProfileEntry `json:"groups"`
+	// Top are the symbols with the most samples.
+	Top []ProfileEntry `json:"top"`
+}
+
+// ProfileEntry is a symbol or group and its share of the samples, in percent.
+type ProfileEntry struct {
+	Name    string  `json:"name"`
+	Percent float64 `json:"percent"`
+}
+
+// ProfileGroup names the part of the program a perf symbol belongs to.
+func ProfileGroup(dso, sym string) string {
+	switch {
+	case strings.HasPrefix(dso, "[kernel") || strings.HasPrefix(dso, "[vdso"):
+		return "kernel: syscalls, socket I/O, scheduling"
+	case strings.HasPrefix(sym, "runtime.") || strings.HasPrefix(sym, "internal/runtime") || strings.HasPrefix(sym, "gcWriteBarrier") ||
+		strings.HasPrefix(sym, "aeshash") || strings.HasPrefix(sym, "memeqbody") || strings.HasPrefix(sym, "indexbytebody"):
+		return "Go runtime: scheduler, allocation, GC"
+	case strings.HasPrefix(sym, "google.golang.org/grpc") || strings.HasPrefix(sym, "golang.org/x/net/http2"):
+		return "gRPC and HTTP/2 transport"
+	case strings.HasPrefix(sym, "google.golang.org/protobuf"):
+		return "protobuf"
+	case strings.HasPrefix(sym, "github.com/inplaced/"):
+		return "inplaced: relay and interceptors"
+	case strings.HasPrefix(sym, "go.uber.org/zap"):
+		return "logging"
+	default:
+		return "other Go code (std library: sync, context, net, io...)"
+	}
 }
 
 // Memory is inplaced's memory after the latency runs, from
@@ -107,6 +150,7 @@ type Memory struct {
 	VmRSSKiB int64  `json:"vmrss_kib"`
 	VmHWMKiB int64  `json:"vmhwm_kib"` // peak RSS
 	Calls    int64  `json:"calls"`     // calls relayed before the reading
+	CPUNs    int64  `json:"cpu_ns"`    // CPU time (user + system) inplaced used for them
 }
 
 // Downtime is how long a container name had nothing running while it was
@@ -146,6 +190,7 @@ type Record struct {
 	Time     time.Time `json:"time"`
 	Latency  *Latency  `json:"latency,omitempty"`
 	Memory   *Memory   `json:"memory,omitempty"`
+	Profile  *Profile  `json:"profile,omitempty"`
 	Downtime *Downtime `json:"downtime,omitempty"`
 	Backend  *Backend  `json:"backend,omitempty"`
 }

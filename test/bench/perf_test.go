@@ -1,0 +1,152 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/inplaced/inplaced/test/bench/report"
+)
+
+// procCPU returns the CPU time (user + system) pid has used. /proc counts
+// it in USER_HZ ticks, which Linux fixes at 100 per second.
+func procCPU(pid int) (time.Duration, error) {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, err
+	}
+	// The command name may hold spaces: fields are counted after its ')'.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no ')'", pid)
+	}
+	f := strings.Fields(string(data[i+1:]))
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil
+}
+
+// perfRecorder samples one process with `perf record` while it runs.
+type perfRecorder struct {
+	cmd  *exec.Cmd
+	path string
+	done chan error
+}
+
+// startPerf samples pid with perf's cpu-clock event until stop. It returns
+// nil (and logs why) when perf is not installed or $INPLACED_BENCH_PERF=0.
+func startPerf(b *testing.B, pid int) *perfRecorder {
+	b.Helper()
+	if os.Getenv("INPLACED_BENCH_PERF") == "0" {
+		return nil
+	}
+	bin, err := exec.LookPath("perf")
+	if err != nil {
+		b.Logf("perf not installed: no profile of inplaced (apt-get install linux-perf)")
+		return nil
+	}
+	p := &perfRecorder{path: filepath.Join(b.TempDir(), "perf.data"), done: make(chan error, 1)}
+	p.cmd = exec.Command(bin, "record", "-q", "-e", "cpu-clock", "-F", "1999", "-p", strconv.Itoa(pid), "-o", p.path)
+	var stderr bytes.Buffer
+	p.cmd.Stderr = &stderr
+	if err := p.cmd.Start(); err != nil {
+		b.Logf("perf record: %v", err)
+		return nil
+	}
+	go func() {
+		err := p.cmd.Wait()
+		if err != nil {
+			err = fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
+		}
+		p.done <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // perf attaches
+	return p
+}
+
+var (
+	perfLine    = regexp.MustCompile(`^\s*([\d.]+)%\s+(\S+)\s+\[[.kgu]\]\s+(.+?)\s*$`)
+	perfSamples = regexp.MustCompile(`^# Samples: (\d+)([KM]?)`)
+)
+
+// stop ends the recording (SIGINT, as perf expects) and summarises it.
+func (p *perfRecorder) stop(b *testing.B, backend string) *report.Profile {
+	b.Helper()
+	if p == nil {
+		return nil
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case err := <-p.done:
+		if err != nil && !strings.Contains(err.Error(), "interrupt") {
+			b.Logf("perf record: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		b.Logf("perf record did not stop")
+		return nil
+	}
+	out, err := exec.Command("perf", "report", "-i", p.path, "--stdio", "--no-children", "--sort", "dso,sym",
+		"-g", "none", "--percent-limit", "0").Output()
+	if err != nil {
+		b.Logf("perf report: %v", err)
+		return nil
+	}
+	prof := &report.Profile{Backend: backend}
+	groups := map[string]float64{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if m := perfSamples.FindStringSubmatch(line); m != nil {
+			n, _ := strconv.ParseInt(m[1], 10, 64)
+			switch m[2] {
+			case "K":
+				n *= 1e3
+			case "M":
+				n *= 1e6
+			}
+			prof.Samples = n
+			continue
+		}
+		m := perfLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		pct, _ := strconv.ParseFloat(m[1], 64)
+		groups[report.ProfileGroup(m[2], m[3])] += pct
+		if len(prof.Top) < 25 {
+			prof.Top = append(prof.Top, report.ProfileEntry{Name: m[3], Percent: pct})
+		}
+	}
+	for g, pct := range groups {
+		prof.Groups = append(prof.Groups, report.ProfileEntry{Name: g, Percent: pct})
+	}
+	slices.SortFunc(prof.Groups, func(a, b report.ProfileEntry) int {
+		switch {
+		case a.Percent > b.Percent:
+			return -1
+		case a.Percent < b.Percent:
+			return 1
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return prof
+}
