@@ -29,7 +29,7 @@ func Dial(endpoint string) (*grpc.ClientConn, error) {
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: bo, MinConnectTimeout: 2 * time.Second}),
 		grpc.WithDefaultCallOptions(
-			grpc.ForceCodec(codec{}),
+			grpc.ForceCodecV2(codecV2{}),
 			grpc.MaxCallRecvMsgSize(MaxMsgSize),
 			grpc.MaxCallSendMsgSize(MaxMsgSize),
 		),

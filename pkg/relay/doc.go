@@ -5,12 +5,15 @@
 // How it works:
 //
 //   - The server is created with grpc.UnknownServiceHandler and a codec that
-//     passes *Frame values through untouched (ForceServerCodec), so no CRI
+//     passes frames through untouched (ForceServerCodecV2), so no CRI
 //     service is registered: every method, including ones added to CRI after
 //     this build, reaches Relay.handle. The proxy never answers Unimplemented
 //     on its own — the backend does, if it must.
 //   - Methods known to be unary (from the cri-api ServiceDescs) take a fast
-//     path: one frame in, conn.Invoke, one frame out. Everything else
+//     path: one frame in, conn.Invoke, one frame out. A unary method with no
+//     interceptor (and no debug log, which decodes IDs) is not even copied:
+//     the request and answer stay in the buffers gRPC read them into until
+//     gRPC writes them out again (passFrame, codecV2). Everything else
 //     (GetContainerEvents, Stream* and unknown methods) is pumped as a
 //     bidirectional stream, which is correct for every gRPC streaming shape.
 //   - Metadata, deadlines and cancellation travel with the context; headers

@@ -32,6 +32,7 @@ type Relay struct {
 	filters map[string]StreamFilter
 	unary   map[string]bool
 	log     *zap.Logger
+	debug   bool // the log wants every call, with the IDs decoded from it
 
 	drainOnce sync.Once
 	drain     chan struct{} // closed on shutdown: streams end
@@ -69,6 +70,7 @@ func New(runtime *grpc.ClientConn, opts ...Option) *Relay {
 		r.image = runtime
 	}
 	r.unary = unaryMethods()
+	r.debug = r.log.Core().Enabled(zapcore.DebugLevel)
 	return r
 }
 
@@ -88,7 +90,7 @@ func unaryMethods() map[string]bool {
 func (r *Relay) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.UnknownServiceHandler(r.handle),
-		grpc.ForceServerCodec(codec{}),
+		grpc.ForceServerCodecV2(codecV2{}),
 		grpc.MaxRecvMsgSize(MaxMsgSize),
 		grpc.MaxSendMsgSize(MaxMsgSize),
 	}
@@ -135,6 +137,9 @@ func (r *Relay) handle(_ any, ss grpc.ServerStream) error {
 }
 
 func (r *Relay) handleUnary(ctx context.Context, method string, ss grpc.ServerStream) ([]byte, error) {
+	if len(r.table[method]) == 0 && !r.debug {
+		return nil, r.passUnary(ctx, method, ss)
+	}
 	var in Frame
 	if err := ss.RecvMsg(&in); err != nil {
 		return nil, err
@@ -161,6 +166,30 @@ func (r *Relay) handleUnary(ctx context.Context, method string, ss grpc.ServerSt
 		return in.Data, err
 	}
 	return in.Data, ss.SendMsg(&Frame{Data: out})
+}
+
+// passUnary relays a unary call that nothing looks at: the request and the
+// answer stay in gRPC's buffers from the socket they arrived on to the one
+// they leave by.
+func (r *Relay) passUnary(ctx context.Context, method string, ss grpc.ServerStream) error {
+	var in, out passFrame
+	defer in.free()
+	defer out.free()
+	if err := ss.RecvMsg(&in); err != nil {
+		return err
+	}
+	var header, trailer metadata.MD
+	err := r.conn(method).Invoke(ctx, method, &in, &out, grpc.Header(&header), grpc.Trailer(&trailer))
+	if len(header) > 0 {
+		_ = ss.SetHeader(header)
+	}
+	if len(trailer) > 0 {
+		ss.SetTrailer(trailer)
+	}
+	if err != nil {
+		return err
+	}
+	return ss.SendMsg(&out)
 }
 
 var bidi = &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}
