@@ -126,20 +126,20 @@ func (e *rzEnv) testCPU(t *testing.T) {
 }
 
 func (e *rzEnv) testMemory(t *testing.T) {
-	// The shell keeps 64 MiB in a variable (anonymous memory) and sleeps.
-	hold := `x=$(head -c 67108864 /dev/zero | tr "\0" a); echo held; sleep 2147483647`
+	// The shell keeps 64 MiB in a variable (anonymous memory) and sleeps. The
+	// trailing ":" keeps it from exec'ing sleep, which would free the memory.
+	hold := `x=$(head -c 67108864 /dev/zero | tr "\0" a); echo held; sleep 2147483647; :`
 	p := e.runPod(t, "rz-mem", hold, &runtimeapi.LinuxContainerResources{
 		CpuPeriod: rzPeriod, CpuQuota: 100000, CpuShares: 512, MemoryLimitInBytes: 256 * rzMi})
 	before := e.inspect(t, p.id)
-	var usage int64
-	rzEventually(t, 30*time.Second, "the container holds 64 MiB", func() error {
-		usage, _ = strconv.ParseInt(readCgroup(t, "memory", before.cgroupsPath, "memory.usage_in_bytes"), 10, 64)
-		if usage < 64*rzMi {
-			return fmt.Errorf("memory.usage_in_bytes %d", usage)
+	rzEventually(t, 60*time.Second, "the container's shell holds 64 MiB", func() error {
+		if rss := vmRSS(t, before.pid); rss < 64*rzMi {
+			return fmt.Errorf("VmRSS of pid %d: %d bytes", before.pid, rss)
 		}
 		return nil
 	})
-	t.Logf("memory in use: %d bytes", usage)
+	usage, _ := strconv.ParseInt(readCgroup(t, "memory", before.cgroupsPath, "memory.usage_in_bytes"), 10, 64)
+	t.Logf("memory in use: %d bytes (the shell's VmRSS %d)", usage, vmRSS(t, before.pid))
 
 	// --id with a prefix, the other way to name a container.
 	out, err := e.px.Ctl("resize", "--id", p.id[:12], "--memory", "512Mi")
@@ -154,6 +154,9 @@ func (e *rzEnv) testMemory(t *testing.T) {
 	if mid.status.State != runtimeapi.ContainerState_CONTAINER_RUNNING || mid.pid != before.pid {
 		t.Fatalf("after raising memory: state %s pid %d (was %d)", mid.status.State, mid.pid, before.pid)
 	}
+	if rss := vmRSS(t, before.pid); rss < 64*rzMi {
+		t.Fatalf("after raising memory the shell holds %d bytes, want its 64 MiB still", rss)
+	}
 
 	// Below usage: refused, nothing changed, inplacectl exits non-zero.
 	out, err = e.px.Ctl("resize", "--id", p.id, "--memory", "32Mi")
@@ -167,8 +170,8 @@ func (e *rzEnv) testMemory(t *testing.T) {
 	if got := readCgroup(t, "memory", before.cgroupsPath, "memory.limit_in_bytes"); got != strconv.FormatInt(512*rzMi, 10) {
 		t.Errorf("memory.limit_in_bytes %s after the refusal, want unchanged %d", got, 512*rzMi)
 	}
-	if st := e.inspect(t, p.id); st.status.State != runtimeapi.ContainerState_CONTAINER_RUNNING || st.pid != before.pid {
-		t.Errorf("after the refusal: state %s pid %d (was %d)", st.status.State, st.pid, before.pid)
+	if st := e.inspect(t, p.id); st.status.State != runtimeapi.ContainerState_CONTAINER_RUNNING || st.pid != before.pid || vmRSS(t, before.pid) < 64*rzMi {
+		t.Errorf("after the refusal: state %s pid %d (was %d), VmRSS %d", st.status.State, st.pid, before.pid, vmRSS(t, before.pid))
 	}
 
 	// Both are in the history.
@@ -238,12 +241,14 @@ func (e *rzEnv) testPodQuota(t *testing.T) {
 	if got := readCgroup(t, "memory", in.cgroupsPath, "memory.limit_in_bytes"); got != strconv.FormatInt(128*rzMi, 10) {
 		t.Errorf("memory limit %s, want unchanged %d", got, 128*rzMi)
 	}
-	// The CPU figure of the issue is shown by the cpu subtest; here it is
-	// enough that the container is no longer held at the old 0.5 CPU.
+	// The CPU figure of the issue is the cpu subtest's; here it is enough
+	// that the old 0.5 CPU quota no longer holds the container: it may use
+	// little when other work takes the machine, but then the quota does not
+	// throttle it.
 	fast := bestCPURate(t, in.cgroupsPath, 1.0, 5)
 	t.Logf("after resize above the pod quota: %s", fast)
-	if fast.container <= 0.6 {
-		t.Errorf("usage %s at best after resize to 1.5 CPU: still held near the old 0.5", fast)
+	if fast.container <= 0.6 && fast.throttled >= 0.5 {
+		t.Errorf("usage %s at best after resize to 1.5 CPU: still held by the old 0.5 CPU quota", fast)
 	}
 	after := e.inspect(t, p.id)
 	if after.pid != in.pid || after.status.StartedAt != in.status.StartedAt {
@@ -387,6 +392,23 @@ func (e *rzEnv) appIDs(t *testing.T, p *rzPod) []string {
 	return ids
 }
 
+// vmRSS is the resident memory of a host pid, in bytes.
+func vmRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		t.Fatalf("pid %d: %v", pid, err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	t.Fatalf("pid %d: no VmRSS", pid)
+	return 0
+}
+
 func cgroupFile(controller, cg, file string) string {
 	return filepath.Join("/sys/fs/cgroup", controller, cg, file)
 }
@@ -410,10 +432,14 @@ func writeCgroup(t *testing.T, controller, cg, file, v string) {
 // cpuWindow is one measurement: the CPUs the container's cgroup used
 // (cpuacct.usage, ns of CPU time per ns) and the CPUs the whole machine was
 // busy (/proc/stat), over the same window.
-type cpuWindow struct{ container, machine float64 }
+// throttled is the fraction of the window's CFS periods in which the quota
+// stopped the container (cpu.stat): near 1 while the quota binds, near 0
+// when the container gets less than its quota for other reasons.
+type cpuWindow struct{ container, machine, throttled float64 }
 
 func (w cpuWindow) String() string {
-	return fmt.Sprintf("%.3f CPU (machine busy %.2f of %d CPUs)", w.container, w.machine, runtime.NumCPU())
+	return fmt.Sprintf("%.3f CPU, throttled in %.0f%% of periods (machine busy %.2f of %d CPUs)",
+		w.container, 100*w.throttled, w.machine, runtime.NumCPU())
 }
 
 func cpuRate(t *testing.T, cg string, window time.Duration) cpuWindow {
@@ -425,11 +451,30 @@ func cpuRate(t *testing.T, cg string, window time.Duration) cpuWindow {
 		}
 		return n
 	}
+	stat := func() (periods, throttled float64) {
+		for _, line := range strings.Split(readCgroup(t, "cpu", cg, "cpu.stat"), "\n") {
+			k, v, _ := strings.Cut(line, " ")
+			n, _ := strconv.ParseFloat(v, 64)
+			switch k {
+			case "nr_periods":
+				periods = n
+			case "nr_throttled":
+				throttled = n
+			}
+		}
+		return periods, throttled
+	}
 	u0, b0, t0 := read(), machineBusy(t), time.Now()
+	p0, th0 := stat()
 	time.Sleep(window)
 	u1, b1, t1 := read(), machineBusy(t), time.Now()
+	p1, th1 := stat()
 	secs := t1.Sub(t0).Seconds()
-	return cpuWindow{container: float64(u1-u0) / 1e9 / secs, machine: (b1 - b0) / secs}
+	w := cpuWindow{container: float64(u1-u0) / 1e9 / secs, machine: (b1 - b0) / secs}
+	if p1 > p0 {
+		w.throttled = (th1 - th0) / (p1 - p0)
+	}
+	return w
 }
 
 // machineBusy is the CPU time (s) the machine spent not idle, from the first
