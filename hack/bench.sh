@@ -9,6 +9,10 @@
 #                      repetitions per replacement method: INPLACED_BENCH_REPS)
 #   BENCH_OUT=dir      where the log, results and load samples go
 #                      (default _output/bench)
+#   RELAY_AB=commit    also run BenchmarkRelay (in process, no containerd)
+#                      from test binaries of that commit and of this tree,
+#                      alternately RELAY_AB_RUNS times (default 5): a
+#                      before/after of a relay change, in the same document
 #
 # Expects the binaries in $INPLACED_BIN (make bench builds them first).
 # On failure the markdown is written to $BENCH_OUT/benchmarks.md instead of
@@ -36,8 +40,26 @@ for b in inplaced inplacectl; do
 	fi
 done
 
+# relay_ab builds the bench test binary at ${RELAY_AB} and here, and runs
+# their BenchmarkRelay alternately, phases "before"/"after" in the results.
+relay_ab() {
+	local old new dir i
+	old="$(git rev-parse --short "${RELAY_AB}")"
+	new="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- pkg 2>/dev/null || echo '+changes')"
+	dir="$(mktemp -d)"
+	log "relay before/after: ${old} vs ${new}, ${RELAY_AB_RUNS:-5} runs each"
+	git archive "${old}" | tar -x -C "${dir}"
+	(cd "${dir}" && go test -c -o "${OUT}/relay-before.test" ./test/bench/)
+	go test -c -o "${OUT}/relay-after.test" ./test/bench/
+	rm -rf "${dir}"
+	for ((i = 0; i < ${RELAY_AB_RUNS:-5}; i++)); do
+		INPLACED_BENCH_PHASE="before (${old})" "${OUT}/relay-before.test" -test.run '^$' -test.bench '^BenchmarkRelay$' -test.benchtime 1s >>"${OUT}/relay-ab.log" 2>&1 || return 1
+		INPLACED_BENCH_PHASE="after (${new})" "${OUT}/relay-after.test" -test.run '^$' -test.bench '^BenchmarkRelay$' -test.benchtime 1s >>"${OUT}/relay-ab.log" 2>&1 || return 1
+	done
+}
+
 mkdir -p "${OUT}"
-rm -f "${INPLACED_BENCH_RESULTS}" "${OUT}/load.txt"
+rm -f "${INPLACED_BENCH_RESULTS}" "${OUT}/load.txt" "${OUT}/relay-ab.log"
 started="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 
 # The machine's load, every 5 s, so the document can say how quiet it was.
@@ -52,6 +74,9 @@ set +e
 	grep --line-buffered -E '^(Benchmark|--- |PASS|FAIL|ok|panic)|^\s+(cri|replace|resize|relay|env)_(bench_)?test\.go:'
 rc=${PIPESTATUS[0]}
 set -e
+if ((rc == 0)) && [[ -n "${RELAY_AB:-}" ]]; then
+	relay_ab || rc=$?
+fi
 kill "${load_pid}" 2>/dev/null || true
 finished="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 

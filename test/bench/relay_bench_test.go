@@ -88,10 +88,12 @@ func relayDial(b *testing.B, sock string) runtimeapi.RuntimeServiceClient {
 }
 
 // BenchmarkRelay measures the relay in process, against an in-memory CRI
-// backend, with inplaced's interceptor table: direct (client → backend) and
-// through the relay (client → relay → backend), in alternating batches,
-// single caller. Run it with -cpuprofile to see what the proxy spends its
-// time on; no root or containerd needed.
+// backend: direct (client → backend) and through the relay (client → relay
+// → backend), in alternating batches, single caller; the relay once with
+// inplaced's interceptor table and once bare. Run it with -cpuprofile to see
+// what the proxy spends its time on; no root or containerd needed.
+// hack/bench.sh runs it alternately at two commits for a before/after
+// (RELAY_AB).
 func BenchmarkRelay(b *testing.B) {
 	dir := b.TempDir()
 	fake := &relayBackend{list: relayContainers(100)}
@@ -114,11 +116,31 @@ func BenchmarkRelay(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	r := relay.New(conn, relay.WithInterceptors(ics.Table()))
-	relaySock := filepath.Join(dir, "relay.sock")
-	relayServe(b, relaySock, grpc.NewServer(r.ServerOptions()...))
+	// The relay as inplaced runs it, and one with no interceptors at all: the
+	// difference is what the interceptor table costs on methods it only
+	// watches (ListContainers while no swap runs).
+	for _, v := range []struct {
+		name string
+		opts []relay.Option
+	}{
+		{relayWithTable, []relay.Option{relay.WithInterceptors(ics.Table())}},
+		{relayNoTable, nil},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			relaySock := filepath.Join(dir, v.name+".sock")
+			relayServe(b, relaySock, grpc.NewServer(relay.New(conn, v.opts...).ServerOptions()...))
+			relayMeasure(b, relayDial(b, backendSock), relayDial(b, relaySock), v.name)
+		})
+	}
+}
 
-	direct, proxy := relayDial(b, backendSock), relayDial(b, relaySock)
+// BenchmarkRelay's relay variants.
+const (
+	relayWithTable = "interceptors"
+	relayNoTable   = "bare"
+)
+
+func relayMeasure(b *testing.B, direct, proxy runtimeapi.RuntimeServiceClient, variant string) {
 	for _, m := range []struct {
 		name string
 		do   func(context.Context, runtimeapi.RuntimeServiceClient) error
@@ -164,8 +186,8 @@ func BenchmarkRelay(b *testing.B) {
 				run(proxy, &pS)
 				round++
 			}
-			l := &report.Latency{Backend: "in-process fake", Method: m.name, Concurrency: 1, Rounds: round,
-				Direct: report.Summarize(dS), Proxy: report.Summarize(pS), Phase: relayPhase()}
+			l := &report.Latency{Backend: report.InProcessBackend, Method: m.name, Concurrency: 1, Rounds: round,
+				Direct: report.Summarize(dS), Proxy: report.Summarize(pS), Phase: relayPhase(), Variant: variant}
 			if m.name == "ListContainers" {
 				l.Note = "100 containers"
 			}

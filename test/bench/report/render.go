@@ -367,27 +367,63 @@ func (d *doc) latency(b *strings.Builder) {
 		}
 	}
 	if len(d.inProc) > 0 {
-		fmt.Fprintf(b, "### The relay in process\n\n")
-		fmt.Fprintf(b, "`BenchmarkRelay` (`test/bench/relay_bench_test.go`): the relay with inplaced's interceptor table, in the benchmark's own process, "+
-			"in front of an in-memory CRI server (no containerd), one caller, direct and relayed batches alternating. "+
-			"This is the proxy's cost without the runtime's; `-cpuprofile` on it shows where that cost goes.\n\n")
-		fmt.Fprintf(b, "| Build | Call | Direct p50 | Relayed p50 | Added p50 | p50 ratio | Direct p99 | Relayed p99 | Calls per path |\n")
-		fmt.Fprintf(b, "|---|---|--:|--:|--:|--:|--:|--:|--:|\n")
-		for _, l := range d.inProc {
-			phase := l.Phase
-			if phase == "" {
-				phase = "this commit"
-			}
-			name := l.Method
-			if l.Note != "" {
-				name += " (" + l.Note + ")"
-			}
-			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", phase, name, fmtDur(l.Direct.P50), fmtDur(l.Proxy.P50),
-				fmtDur(l.Proxy.P50-l.Direct.P50), fmtRatio(ratio(float64(l.Proxy.P50), float64(l.Direct.P50))),
-				fmtDur(l.Direct.P99), fmtDur(l.Proxy.P99), min(l.Direct.N, l.Proxy.N))
-		}
-		b.WriteString("\n")
+		d.inProcess(b)
 	}
+}
+
+// inProcess renders BenchmarkRelay's results: per build (phase), relay
+// variant and call, the median over runs of each run's p50s.
+func (d *doc) inProcess(b *strings.Builder) {
+	type key struct{ phase, variant, method string }
+	var order []key
+	runs := map[key][]*Latency{}
+	for _, l := range d.inProc {
+		k := key{l.Phase, l.Variant, l.Method}
+		if k.phase == "" {
+			k.phase = "this commit"
+		}
+		if k.variant == "" {
+			k.variant = "interceptors"
+		}
+		if _, ok := runs[k]; !ok {
+			order = append(order, k)
+		}
+		runs[k] = append(runs[k], l)
+	}
+	fmt.Fprintf(b, "### The relay in process\n\n")
+	fmt.Fprintf(b, "`BenchmarkRelay` (`test/bench/relay_bench_test.go`): the relay in the benchmark's own process, in front of an in-memory CRI server "+
+		"(no containerd), one caller, direct and relayed batches alternating — the proxy's cost without the runtime's. "+
+		"*interceptors* is the relay with inplaced's interceptor table (ListContainers has a watching interceptor that passes through while no swap runs); "+
+		"*bare* has none, so every unary call takes the no-copy pass-through. "+
+		"Rows of another build come from `RELAY_AB=<commit> make bench`: test binaries of that commit and of this one, run alternately; "+
+		"with several runs, each figure is the median of the runs' figures.\n\n")
+	fmt.Fprintf(b, "| Build | Relay | Call | Runs | Direct p50 | Relayed p50 | Added p50 | p50 ratio | Direct p99 | Relayed p99 |\n")
+	fmt.Fprintf(b, "|---|---|---|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, k := range order {
+		ls := runs[k]
+		pick := func(f func(*Latency) int64) int64 {
+			v := make([]int64, len(ls))
+			for i, l := range ls {
+				v[i] = f(l)
+			}
+			return Median(v)
+		}
+		dp50 := pick(func(l *Latency) int64 { return l.Direct.P50 })
+		pp50 := pick(func(l *Latency) int64 { return l.Proxy.P50 })
+		added := pick(func(l *Latency) int64 { return l.Proxy.P50 - l.Direct.P50 })
+		name := k.method
+		if ls[0].Note != "" {
+			name += " (" + ls[0].Note + ")"
+		}
+		ratios := make([]int64, len(ls))
+		for i, l := range ls {
+			ratios[i] = int64(1e6 * ratio(float64(l.Proxy.P50), float64(l.Direct.P50)))
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %d | %s | %s | %s | %s | %s | %s |\n", k.phase, k.variant, name, len(ls),
+			fmtDur(dp50), fmtDur(pp50), fmtDur(added), fmtRatio(float64(Median(ratios))/1e6),
+			fmtDur(pick(func(l *Latency) int64 { return l.Direct.P99 })), fmtDur(pick(func(l *Latency) int64 { return l.Proxy.P99 })))
+	}
+	b.WriteString("\n")
 }
 
 func (d *doc) populationNote() string {

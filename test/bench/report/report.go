@@ -99,6 +99,9 @@ type Latency struct {
 	// Phase tells runs of one build apart, e.g. "before" and "after" a
 	// relay change measured with an in-process relay.
 	Phase string `json:"phase,omitempty"`
+	// Variant names the relay's configuration in BenchmarkRelay:
+	// "interceptors" (inplaced's table) or "bare" (none).
+	Variant string `json:"variant,omitempty"`
 	// ProxyCPUPerCall is the CPU time (user + system) inplaced spent during
 	// the cell divided by the calls it relayed, in ns; 0 if unknown.
 	ProxyCPUPerCall int64 `json:"proxy_cpu_per_call_ns,omitempty"`

@@ -121,7 +121,7 @@ func TestRender(t *testing.T) {
 		"swap downtime ≤ 0.1× kubelet-style replacement (Large) | containerd-2.4 | 0.037× | **PASS**",
 		"swap downtime ≤ 0.3× pod recreation (Large) | containerd-2.4 | 0.22× | **PASS**",
 		"without the RemovePodSandbox step",
-		"| before | Version | 50 µs | 120 µs | 70 µs |",
+		"| before | interceptors | Version | 1 | 50 µs | 120 µs | 70 µs | 2.40× |",
 		"*Placeholder:*",
 		"load average exceeded the CPU count",
 	} {
