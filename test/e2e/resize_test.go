@@ -108,7 +108,11 @@ func (e *rzEnv) testCPU(t *testing.T) {
 	fast := bestCPURate(t, before.cgroupsPath, 1.0, 10)
 	t.Logf("after resize --cpu 1500m: %s", fast)
 	if fast.container <= 1.0 {
-		t.Errorf("usage %s at best after resize to 1.5 CPU: want more than 1", fast)
+		why := ""
+		if fast.throttled < 0.1 {
+			why = ": the quota is not what holds it back (hardly throttled); other work on the machine took the CPU"
+		}
+		t.Errorf("usage %s at best after resize to 1.5 CPU: want more than 1%s", fast, why)
 	}
 
 	after := e.inspect(t, p.id)
