@@ -35,7 +35,7 @@ test-unit:
 
 test-e2e: build
 	INPLACED_WITH_KUBELET=1 hack/install-deps.sh --no-apt
-	$(GO) test -count=1 -timeout $(E2E_TIMEOUT) -v ./test/... 2>&1 | tee $(OUT)/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic|\s+\S+_test.go)' ; exit $${PIPESTATUS[0]}
+	$(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v ./test/... 2>&1 | tee $(OUT)/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic|\s+\S+_test.go)' ; exit $${PIPESTATUS[0]}
 
 # The same e2e suite against Debian's containerd 1.6 only.
 test-compat: deps build

@@ -215,7 +215,7 @@ func TestSwapCommits(t *testing.T) {
 	if rec.State != inplacedv1.SwapState_SWAP_STATE_COMMITTED || rec.Error != "" {
 		t.Fatalf("state %s error %q, want COMMITTED; steps %s", rec.State, rec.Error, stepNames(rec))
 	}
-	if got, want := stepNames(rec), "pull,pre-stop,stop-old,create-new,start-new,health-gate,commit"; got != want {
+	if got, want := stepNames(rec), "pull,create-new,pre-stop,stop-old,start-new,health-gate,commit"; got != want {
 		t.Errorf("steps = %s, want %s", got, want)
 	}
 	if rec.DowntimeNs <= 0 {
@@ -326,7 +326,7 @@ func TestSwapHealthGateRollsBack(t *testing.T) {
 	if rec.State != inplacedv1.SwapState_SWAP_STATE_FAILED {
 		t.Fatalf("state %s (%s), want FAILED", rec.State, rec.Error)
 	}
-	if got, want := stepNames(rec), "pull,pre-stop,stop-old,create-new,start-new,health-gate!,rollback"; got != want {
+	if got, want := stepNames(rec), "pull,create-new,pre-stop,stop-old,start-new,health-gate!,rollback"; got != want {
 		t.Errorf("steps = %s, want %s", got, want)
 	}
 	if rec.ExitCode != 3 {
@@ -384,7 +384,7 @@ func TestSwapStartFailureRollsBack(t *testing.T) {
 	if rec.State != inplacedv1.SwapState_SWAP_STATE_FAILED || !strings.Contains(rec.Error, "OCI runtime create failed") {
 		t.Fatalf("state %s error %q", rec.State, rec.Error)
 	}
-	if got, want := stepNames(rec), "pull,pre-stop,stop-old,create-new,start-new!,rollback"; got != want {
+	if got, want := stepNames(rec), "pull,create-new,pre-stop,stop-old,start-new!,rollback"; got != want {
 		t.Errorf("steps = %s, want %s", got, want)
 	}
 	if run := e.running(); len(run) != 1 || run[0].Id != rec.RunningContainerId || run[0].Metadata.Attempt != 2 {

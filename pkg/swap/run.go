@@ -140,36 +140,14 @@ func (r *run) execute(ctx context.Context) {
 	r.j.NewRequest, _ = proto.Marshal(r.newReq)
 	r.rec.To = summary(newCfg)
 
-	grace := r.gracePeriod()
-	preStopStart := r.e.now()
-	if !r.opts.GetSkipPreStop() {
-		if err := r.step(StepPreStop, store.StepPreStop, func() error { return r.preStop(ctx, grace) }); err != nil {
-			// kubelet goes on with the stop when preStop fails; so do we.
-			if ctx.Err() != nil {
-				r.finish(out, inplacedv1.SwapState_SWAP_STATE_ABORTED, fmt.Errorf("aborted before the old container was stopped: %w", context.Cause(ctx)))
-				return
-			}
-		}
-	}
-	if ctx.Err() != nil {
-		r.finish(out, inplacedv1.SwapState_SWAP_STATE_ABORTED, fmt.Errorf("aborted before the old container was stopped: %w", context.Cause(ctx)))
-		return
-	}
-
-	// From here kubelet is shown the old container as it was, until the new
-	// one has proved itself (or the rollback container runs).
+	// From here kubelet is shown the old container as it was, and none of
+	// the swap's, until the new one has proved itself (or the rollback
+	// container runs).
 	r.fence.Mask(r.e.fences, r.t.status, r.t.container)
-	downStart := r.e.now()
-	err = r.step(StepStopOld, store.StepStopOld, func() error {
-		timeout := stopTimeout(grace, r.e.now().Sub(preStopStart))
-		_, err := r.e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: r.t.container.Id, Timeout: timeout})
-		return err
-	})
-	if err != nil {
-		r.fail(ctx, &out, "", fmt.Errorf("stop old container: %w", err))
-		return
-	}
 
+	// The new container is created while the old one still runs: creating
+	// it (snapshot, spec) is work that need not be downtime. containerd
+	// starts no process before StartContainer.
 	var newID string
 	err = r.step(StepCreateNew, store.StepCreateNew, func() error {
 		resp, err := r.e.rt.CreateContainer(ctx, r.newReq)
@@ -183,7 +161,32 @@ func (r *run) execute(ctx context.Context) {
 		return r.e.store.PutContainer(newID, r.newReq)
 	})
 	if err != nil {
-		r.fail(ctx, &out, newID, fmt.Errorf("create new container: %w", err))
+		r.abandon(ctx, &out, newID, fmt.Errorf("create new container: %w", err))
+		return
+	}
+
+	grace := r.gracePeriod()
+	preStopStart := r.e.now()
+	if !r.opts.GetSkipPreStop() {
+		// kubelet goes on with the stop when preStop fails; so do we.
+		_ = r.step(StepPreStop, store.StepPreStop, func() error { return r.preStop(ctx, grace) })
+	}
+	if ctx.Err() != nil {
+		r.abandon(ctx, &out, newID, errors.New("aborted before the old container was stopped"))
+		return
+	}
+
+	err = r.step(StepStopOld, store.StepStopOld, func() error {
+		timeout := stopTimeout(grace, r.e.now().Sub(preStopStart))
+		_, err := r.e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: r.t.container.Id, Timeout: timeout})
+		return err
+	})
+	// Downtime as the issue defines it: old container stopped → new
+	// container running. The stop itself (the app's own graceful shutdown)
+	// is in the stop-old step's timing.
+	downStart := r.e.now()
+	if err != nil {
+		r.fail(ctx, &out, newID, fmt.Errorf("stop old container: %w", err))
 		return
 	}
 	err = r.step(StepStartNew, store.StepStartNew, func() error {
@@ -269,6 +272,22 @@ func (r *run) commit(newID string) error {
 		o.Declared, _ = proto.Marshal(r.oldReq)
 	}
 	return r.e.store.PutOverride(o)
+}
+
+// abandon ends a swap that never stopped the old container: the new
+// container (if created) goes, the old one runs on untouched.
+func (r *run) abandon(ctx context.Context, out *fence.Outcome, newID string, cause error) {
+	cctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	if newID != "" {
+		r.removeContainer(cctx, newID)
+	}
+	state := inplacedv1.SwapState_SWAP_STATE_FAILED
+	if ctx.Err() != nil {
+		state = inplacedv1.SwapState_SWAP_STATE_ABORTED
+		cause = fmt.Errorf("%v: %w", cause, context.Cause(ctx))
+	}
+	r.finish(*out, state, fmt.Errorf("%w; the old container was not stopped and runs on", cause))
 }
 
 // fail undoes a swap that got past stopping the old container. An abort
