@@ -49,7 +49,11 @@ type Fence struct {
 	oldEntry  *runtimeapi.Container
 	hidden    map[string]bool // containers of the swap kubelet must not see yet
 	masking   bool
-	outcome   Outcome
+	// replaceOld: kubelet is shown the old container's snapshot instead of
+	// the truth (from its stop on); before that only the swap's new
+	// containers are hidden.
+	replaceOld bool
+	outcome    Outcome
 }
 
 // Registry holds the fences of running swaps.
@@ -93,7 +97,7 @@ func (r *Registry) Release(f *Fence, out Outcome) {
 	r.mu.Unlock()
 	f.mu.Lock()
 	f.outcome = out
-	f.masking = false
+	f.masking, f.replaceOld = false, false
 	f.mu.Unlock()
 	f.cancel(nil)
 	close(f.done)
@@ -161,6 +165,16 @@ func (f *Fence) Wait(ctx context.Context) (Outcome, error) {
 // entry taken before it was stopped).
 func (f *Fence) Mask(r *Registry, status *runtimeapi.ContainerStatus, entry *runtimeapi.Container) {
 	f.mu.Lock()
+	f.oldStatus, f.oldEntry, f.masking, f.replaceOld = status, entry, true, true
+	f.mu.Unlock()
+}
+
+// MaskNew starts hiding the containers the swap creates (any container of
+// the name created after the old one) while the old container is still
+// shown as it really is: used while it still runs (pre-created new
+// container, preStop). Mask later adds the old container's snapshot.
+func (f *Fence) MaskNew(r *Registry, status *runtimeapi.ContainerStatus, entry *runtimeapi.Container) {
+	f.mu.Lock()
 	f.oldStatus, f.oldEntry, f.masking = status, entry, true
 	f.mu.Unlock()
 }
@@ -181,17 +195,19 @@ func (f *Fence) Hide(r *Registry, id string) {
 // Unmask lets kubelet see the truth again.
 func (f *Fence) Unmask() {
 	f.mu.Lock()
-	f.masking = false
+	f.masking, f.replaceOld = false, false
 	f.mu.Unlock()
 }
 
 // View is what the interceptors need to rewrite kubelet's view.
 type View struct {
-	Masking   bool
-	OldID     string
-	OldStatus *runtimeapi.ContainerStatus
-	OldEntry  *runtimeapi.Container
-	Hidden    map[string]bool
+	Masking bool
+	// ReplaceOld: show OldStatus/OldEntry instead of the old container's truth.
+	ReplaceOld bool
+	OldID      string
+	OldStatus  *runtimeapi.ContainerStatus
+	OldEntry   *runtimeapi.Container
+	Hidden     map[string]bool
 }
 
 // View returns a snapshot of the mask.
@@ -202,7 +218,7 @@ func (f *Fence) View() View {
 	for k, v := range f.hidden {
 		h[k] = v
 	}
-	return View{Masking: f.masking, OldID: f.oldID, OldStatus: f.oldStatus, OldEntry: f.oldEntry, Hidden: h}
+	return View{Masking: f.masking, ReplaceOld: f.replaceOld, OldID: f.oldID, OldStatus: f.oldStatus, OldEntry: f.oldEntry, Hidden: h}
 }
 
 // All returns the fences of every running swap.

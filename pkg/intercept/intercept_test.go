@@ -753,3 +753,58 @@ func TestOverridesEndWithTheirSandbox(t *testing.T) {
 		t.Errorf("history %v, want two override-dropped records", recs)
 	}
 }
+
+// TestMaskNewShowsOldTruth: before the swap stops the old container
+// (pre-created new container, preStop), kubelet sees the old container as
+// it really is — if it dies on its own, kubelet must see that — while the
+// swap's new container stays hidden.
+func TestMaskNewShowsOldTruth(t *testing.T) {
+	p := newProxy(t)
+	ctx := context.Background()
+	sbID := p.runPod(t)
+	oldID := p.kubeletStart(t, p.createReq(sbID, "app", 0, "h1"))
+	st, err := p.be.RuntimeClient.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: oldID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := p.be.RuntimeClient.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{Id: oldID}})
+	if err != nil || len(l.Containers) != 1 {
+		t.Fatalf("list old: %v, %v", l, err)
+	}
+	f, _, err := p.fences.Acquire(ctx, fence.Key{SandboxID: sbID, Name: "app"}, "swap-1", oldID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.MaskNew(p.fences, st.Status, l.Containers[0])
+	time.Sleep(time.Millisecond)
+	resp, err := p.be.RuntimeClient.CreateContainer(ctx, p.createReq(sbID, "app", 1, "h1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The old container dies by itself.
+	if _, err := p.be.RuntimeClient.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: oldID}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := ids(got.Containers)
+	if _, ok := states[resp.ContainerId]; ok {
+		t.Errorf("the swap's pre-created container is visible: %v", states)
+	}
+	if states[oldID] != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Errorf("old container shown %v, want its truth (EXITED) before the swap stops it", states[oldID])
+	}
+	cs, err := p.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: oldID})
+	if err != nil || cs.Status.State != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Errorf("ContainerStatus(old) = %v, %v; want EXITED", cs.GetStatus().GetState(), err)
+	}
+	// From the stop on, the snapshot is shown.
+	f.Mask(p.fences, st.Status, l.Containers[0])
+	got, _ = p.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if s := ids(got.Containers)[oldID]; s != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Errorf("after Mask the old container is shown %v, want the RUNNING snapshot", s)
+	}
+	p.fences.Release(f, fence.Outcome{})
+}

@@ -101,13 +101,13 @@ func (i *Interceptors) listContainers(ctx context.Context, req *runtimeapi.ListC
 		if hiddenIn(views, c.Id, c.PodSandboxId, containerName(c.Labels, c.Metadata), c.CreatedAt) {
 			continue
 		}
-		if v, ok := oldIn(views, c.Id); ok && v.OldEntry != nil {
+		if v, ok := oldIn(views, c.Id); ok && v.ReplaceOld && v.OldEntry != nil {
 			continue // re-added below as it was
 		}
 		out = append(out, c)
 	}
 	for _, v := range views {
-		if v.OldEntry != nil && matchesFilter(v.OldEntry, req.GetFilter()) {
+		if v.ReplaceOld && v.OldEntry != nil && matchesFilter(v.OldEntry, req.GetFilter()) {
 			out = append(out, proto.Clone(v.OldEntry).(*runtimeapi.Container))
 		}
 	}
@@ -165,7 +165,7 @@ func (i *Interceptors) containerStatus(ctx context.Context, req *runtimeapi.Cont
 	if f == nil {
 		return resp, nil
 	}
-	if v := f.View(); v.Masking && v.OldID == req.ContainerId && v.OldStatus != nil {
+	if v := f.View(); v.Masking && v.ReplaceOld && v.OldID == req.ContainerId && v.OldStatus != nil {
 		resp.Status = proto.Clone(v.OldStatus).(*runtimeapi.ContainerStatus)
 	}
 	return resp, nil
@@ -187,7 +187,7 @@ func (i *Interceptors) podSandboxStatus(ctx context.Context, req *runtimeapi.Pod
 		if hiddenIn(views, s.Id, req.PodSandboxId, containerName(s.Labels, s.Metadata), s.CreatedAt) {
 			continue
 		}
-		if v, ok := oldIn(views, s.Id); ok && v.OldStatus != nil {
+		if v, ok := oldIn(views, s.Id); ok && v.ReplaceOld && v.OldStatus != nil {
 			s = proto.Clone(v.OldStatus).(*runtimeapi.ContainerStatus)
 		}
 		out = append(out, s)
@@ -223,5 +223,5 @@ func (i *Interceptors) containerEvent(_ context.Context, msg []byte) bool {
 		return true
 	}
 	v := f.View()
-	return !(v.Masking && (v.OldID == ev.ContainerId || v.Hidden[ev.ContainerId]))
+	return !(v.Masking && ((v.ReplaceOld && v.OldID == ev.ContainerId) || v.Hidden[ev.ContainerId]))
 }

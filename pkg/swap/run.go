@@ -140,10 +140,10 @@ func (r *run) execute(ctx context.Context) {
 	r.j.NewRequest, _ = proto.Marshal(r.newReq)
 	r.rec.To = summary(newCfg)
 
-	// From here kubelet is shown the old container as it was, and none of
-	// the swap's, until the new one has proved itself (or the rollback
-	// container runs).
-	r.fence.Mask(r.e.fences, r.t.status, r.t.container)
+	// From here kubelet sees none of the swap's containers until the new
+	// one has proved itself (or the rollback container runs); from the stop
+	// on it sees the old container as it was.
+	r.fence.MaskNew(r.e.fences, r.t.status, r.t.container)
 
 	// The new container is created while the old one still runs: creating
 	// it (snapshot, spec) is work that need not be downtime. containerd
@@ -176,6 +176,7 @@ func (r *run) execute(ctx context.Context) {
 		return
 	}
 
+	r.fence.Mask(r.e.fences, r.t.status, r.t.container)
 	err = r.step(StepStopOld, store.StepStopOld, func() error {
 		timeout := stopTimeout(grace, r.e.now().Sub(preStopStart))
 		_, err := r.e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: r.t.container.Id, Timeout: timeout})
