@@ -13,6 +13,7 @@
 //	INPLACED_PROXY_BIN                 proxy binary (default <repo>/_output/bin/inplaced)
 //	INPLACED_CONFORMANCE_DOCS          where conformance-<backend>.md go (default <repo>/docs)
 //	INPLACED_CONFORMANCE_FOCUS/_SKIP   passed to critest as -ginkgo.focus / -ginkgo.skip
+//	INPLACED_CONFORMANCE_SEED          ginkgo seed, the same for both paths (default 1)
 //	INPLACED_BACKENDS                  see harness.BackendsFromEnv
 //	INPLACED_ARTIFACTS                 if set, critest output and reports are kept there
 package conformance
@@ -28,10 +29,13 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/inplaced/inplaced/test/harness"
 )
@@ -226,6 +230,8 @@ func RunCritest(t *testing.T, endpoint, imagesFile, name string) (*Result, error
 		"--test-images-file", imagesFile,
 		"-ginkgo.no-color",
 		"-ginkgo.json-report", report,
+		// The same spec order on both paths: some specs depend on what ran before.
+		"-ginkgo.seed", seed(),
 	}
 	if f := os.Getenv("INPLACED_CONFORMANCE_FOCUS"); f != "" {
 		args = append(args, "-ginkgo.focus", f)
@@ -243,9 +249,11 @@ func RunCritest(t *testing.T, endpoint, imagesFile, name string) (*Result, error
 	cmd := exec.CommandContext(ctx, harness.CritestPath(), args...)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logf, logf
+	shmBefore := shmSegments()
 	start := time.Now()
 	runErr := cmd.Run()
 	dur := time.Since(start)
+	removeNewShm(t, shmBefore)
 	keepArtifact(t, logPath, name+"-critest.log")
 	keepArtifact(t, report, name+"-report.json")
 
@@ -260,6 +268,14 @@ func RunCritest(t *testing.T, endpoint, imagesFile, name string) (*Result, error
 	}
 	res.Duration = dur
 	return res, nil
+}
+
+// seed is ginkgo's randomization seed: $INPLACED_CONFORMANCE_SEED, or 1.
+func seed() string {
+	if s := os.Getenv("INPLACED_CONFORMANCE_SEED"); s != "" {
+		return s
+	}
+	return "1"
 }
 
 // ginkgoReport is the part of ginkgo v2's JSON report (a list of suite reports) used here.
@@ -398,6 +414,45 @@ func keepArtifact(t *testing.T, src, name string) {
 	}
 	if err := os.WriteFile(filepath.Join(dst, name), data, 0o644); err != nil {
 		t.Logf("artifacts: %v", err)
+	}
+}
+
+// shmSegments maps the ids of the host's System V shared memory segments to
+// their number of attached processes.
+func shmSegments() map[int]int {
+	data, err := os.ReadFile("/proc/sysvipc/shm")
+	if err != nil {
+		return nil
+	}
+	out := map[int]int{}
+	for _, line := range strings.Split(string(data), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 7 {
+			continue
+		}
+		id, err1 := strconv.Atoi(f[1])
+		nattch, err2 := strconv.Atoi(f[6])
+		if err1 == nil && err2 == nil {
+			out[id] = nattch
+		}
+	}
+	return out
+}
+
+// removeNewShm removes the unattached shared memory segments that appeared
+// during a critest run: its HostIpc specs create one on the host with
+// `ipcmk -M 1048576` and never remove it.
+func removeNewShm(t *testing.T, before map[int]int) {
+	if before == nil {
+		return
+	}
+	for id, nattch := range shmSegments() {
+		if _, old := before[id]; old || nattch != 0 {
+			continue
+		}
+		if _, err := unix.SysvShmCtl(id, unix.IPC_RMID, nil); err != nil {
+			t.Logf("remove shm segment %d left by critest: %v", id, err)
+		}
 	}
 }
 

@@ -54,8 +54,9 @@ type Containerd struct {
 	tb   testing.TB
 	slot *slot
 
-	mu  sync.Mutex
-	run *daemonRun // nil while stopped
+	mu          sync.Mutex
+	run         *daemonRun // nil while stopped
+	everStarted bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -95,16 +96,20 @@ func StartContainerd(tb testing.TB, b Backend, reg *Registry, opts ...Option) *C
 		o(c)
 	}
 	c.Endpoint = "unix://" + c.Socket
+
+	c.slot, err = acquireSlot(tb, dir)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		tb.Fatalf("containerd: %v", err)
+	}
+	// Cleanups run last-in first-out: the slot (bridge name, subnet) is given
+	// back only after Close, and after whatever the test checked past Close.
+	tb.Cleanup(c.slot.release)
 	tb.Cleanup(func() {
 		if err := c.Close(); err != nil {
 			tb.Errorf("containerd %s cleanup: %v", c.Dir, err)
 		}
 	})
-
-	c.slot, err = acquireSlot(tb, dir)
-	if err != nil {
-		tb.Fatalf("containerd: %v", err)
-	}
 	liveInstances.Add(1)
 	c.Bridge, c.Subnet, c.NetworkName = bridgeName(c.slot.n), subnet(c.slot.n), networkName(c.slot.n)
 	if c.StreamPort, err = freePort(); err != nil {
@@ -185,7 +190,7 @@ func (c *Containerd) Start() error {
 		<-run.exited
 		return err
 	}
-	c.run, c.PID = run, cmd.Process.Pid
+	c.run, c.PID, c.everStarted = run, cmd.Process.Pid, true
 	return nil
 }
 
@@ -339,6 +344,9 @@ func (c *counter) Add(d int) int {
 //  4. unmount everything below Dir; delete the bridge; remove libcni's cache
 //     files of the network, the pod cgroups handed out by CgroupParent (by the
 //     last instance of the process), and Dir.
+//
+// The instance's slot (bridge name, subnet) stays taken until the test's
+// cleanups run, so a test can check the bridge is gone after Close.
 func (c *Containerd) Close() error {
 	c.closeOnce.Do(func() { c.closeErr = c.close() })
 	return c.closeErr
@@ -346,36 +354,33 @@ func (c *Containerd) Close() error {
 
 func (c *Containerd) close() error {
 	var errs []error
-	failed := c.tb.Failed()
-	if c.slot != nil {
-		if !c.Running() {
-			if err := c.Start(); err != nil {
-				c.tb.Logf("containerd %s: restart for teardown failed: %v", c.Dir, err)
-			}
+	if !c.Running() && c.everStarted {
+		if err := c.Start(); err != nil {
+			c.tb.Logf("containerd %s: restart for teardown failed: %v", c.Dir, err)
 		}
-		if c.Running() {
-			if err := c.removeAllPods(); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		if failed {
-			c.tb.Logf("containerd %s log (last 60 lines):\n%s", c.Backend, c.LogTail(60))
-			c.saveArtifacts()
-		}
-		if err := c.Stop(); err != nil {
+	}
+	if c.Running() {
+		if err := c.removeAllPods(); err != nil {
 			errs = append(errs, err)
 		}
-		if err := killProcsOf(c.Dir, 15*time.Second); err != nil {
+	}
+	if c.tb.Failed() {
+		c.tb.Logf("containerd %s log (last 60 lines):\n%s", c.Backend, c.LogTail(60))
+		c.saveArtifacts()
+	}
+	if err := c.Stop(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := killProcsOf(c.Dir, 15*time.Second); err != nil {
+		errs = append(errs, err)
+	}
+	if err := deleteLink(c.Bridge); err != nil {
+		errs = append(errs, err)
+	}
+	removeCNICache(c.NetworkName)
+	if liveInstances.Add(-1) == 0 {
+		if err := removeCgroupParents(); err != nil {
 			errs = append(errs, err)
-		}
-		if err := deleteLink(c.Bridge); err != nil {
-			errs = append(errs, err)
-		}
-		removeCNICache(c.NetworkName)
-		if liveInstances.Add(-1) == 0 {
-			if err := removeCgroupParents(); err != nil {
-				errs = append(errs, err)
-			}
 		}
 	}
 	if err := unmountUnder(c.Dir); err != nil {
@@ -383,7 +388,6 @@ func (c *Containerd) close() error {
 	} else if err := os.RemoveAll(c.Dir); err != nil {
 		errs = append(errs, err)
 	}
-	c.slot.release()
 	return errors.Join(errs...)
 }
 

@@ -109,7 +109,8 @@ func Crictl(tb testing.TB, endpoint string, args ...string) (string, error) {
 	if !strings.Contains(endpoint, "://") {
 		endpoint = "unix://" + endpoint
 	}
-	full := append([]string{"--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--timeout", "2m"}, args...)
+	// --config /dev/null: no /etc/crictl.yaml of the machine, no warning about it.
+	full := append([]string{"--config", "/dev/null", "--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--timeout", "2m"}, args...)
 	cmd := exec.Command(CrictlPath(), full...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

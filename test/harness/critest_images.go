@@ -6,6 +6,7 @@ import (
 	"path"
 	"runtime"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,8 +25,9 @@ var CritestRegistryHosts = []string{"registry.k8s.io", "gcr.io", "k8s.gcr.io"}
 // uses (host left out), stand-ins for its upstream test images, so that its
 // image, user, namespace and multi-container specs run offline:
 //
-//	e2e-test-images/busybox:1.29-2, httpd:2.4.39-4   busybox, busybox httpd on :80
-//	e2e-test-images/nginx:1.14-2                     /usr/sbin/nginx (test/images/app) on :80 writing /var/run/nginx.pid
+//	e2e-test-images/busybox:1.29-2, httpd:2.4.39-4   busybox, busybox httpd on :80 (logs "httpd")
+//	e2e-test-images/nginx:1.14-2                     /usr/sbin/nginx (test/images/app) on :80 writing /var/run/nginx.pid,
+//	                                                 argv[0] "nginx: master process nginx"
 //	e2e-test-images/nonewprivs:1.3                   setuid-root app printing "Effective uid: N"
 //	k8s-staging-cri-tools/hostnet-nginx-<arch>       the nginx stand-in on :12003
 //	k8s-staging-cri-tools/test-image-user-*          USER 1002, www-data, 1003:1003, www-data:www-data
@@ -90,8 +92,15 @@ func critestImages(t *testImages) (map[string]v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
+	// "nginx: master process" in /proc/1/cmdline, "nginx" as comm for pidof.
 	nginx := func(port int) v1.Config {
-		return v1.Config{Entrypoint: []string{"/usr/sbin/nginx", fmt.Sprintf("-listen=:%d", port), "-pidfile=/var/run/nginx.pid"}}
+		return v1.Config{Entrypoint: []string{"/bin/sh", "-c", fmt.Sprintf(
+			"exec -a 'nginx: master process nginx' /usr/sbin/nginx -listen=:%d -pidfile=/var/run/nginx.pid", port)}}
+	}
+	// Distinct from the sandbox image pause:3.10 (its own image ID).
+	pauseLayer, err := fileLayer(map[string]tarFile{"pause-3.9": {0o644, []byte("3.9\n")}})
+	if err != nil {
+		return nil, err
 	}
 	busybox := v1.Config{Cmd: []string{"sh"}}
 	withUser := func(u string) v1.Config { return v1.Config{Cmd: []string{"sh"}, User: u} }
@@ -101,7 +110,7 @@ func critestImages(t *testImages) (map[string]v1.Image, error) {
 		cfg    v1.Config
 	}{
 		e2eImages + "busybox:1.29-2":                    {[]v1.Layer{t.base}, busybox},
-		e2eImages + "httpd:2.4.39-4":                    {[]v1.Layer{t.base}, v1.Config{Entrypoint: []string{"/bin/httpd", "-f", "-p", "80", "-h", "/www"}}},
+		e2eImages + "httpd:2.4.39-4":                    {[]v1.Layer{t.base}, v1.Config{Entrypoint: []string{"/bin/sh", "-c", "echo 'httpd: serving /www on :80'; exec httpd -f -p 80 -h /www"}}},
 		e2eImages + "nginx:1.14-2":                      {[]v1.Layer{t.base, nginxLayer}, nginx(80)},
 		e2eImages + "nonewprivs:1.3":                    {[]v1.Layer{t.base, nnpLayer}, v1.Config{Entrypoint: []string{"/nnp", "-print-euid"}}},
 		criTestRepo + "hostnet-nginx-" + runtime.GOARCH: {[]v1.Layer{t.base, nginxLayer}, nginx(12003)},
@@ -116,7 +125,7 @@ func critestImages(t *testImages) (map[string]v1.Image, error) {
 		criTestRepo + "test-image-tags:1":               {[]v1.Layer{t.base}, busybox},
 		criTestRepo + "test-image-tags:2":               {[]v1.Layer{t.base}, busybox},
 		criTestRepo + "test-image-tags:3":               {[]v1.Layer{t.base}, busybox},
-		"pause:3.9":                                     {[]v1.Layer{t.base}, v1.Config{Entrypoint: []string{"/bin/sleep", "2147483647"}}},
+		"pause:3.9":                                     {[]v1.Layer{t.base, pauseLayer}, v1.Config{Entrypoint: []string{"/bin/sleep", "2147483647"}}},
 	}
 	// Three different images: each has its own marker file.
 	for i := 1; i <= 3; i++ {
@@ -132,7 +141,13 @@ func critestImages(t *testImages) (map[string]v1.Image, error) {
 
 	out := make(map[string]v1.Image, len(specs))
 	for path, s := range specs {
-		img, err := ociImage(s.layers, s.cfg)
+		// One image per repository (so one image ID per tag pulled), except
+		// test-image-tags:1..3, which critest wants to be the same image.
+		name, _, _ := strings.Cut(path, ":")
+		if !strings.HasSuffix(name, "test-image-tags") {
+			name = path
+		}
+		img, err := ociImage(name, s.layers, s.cfg)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}

@@ -169,19 +169,20 @@ func doBuildTestImages() (*testImages, error) {
 	out := &testImages{base: base, app: apps["v1"]}
 	steps := []struct {
 		dst    *v1.Image
+		name   string
 		layers []v1.Layer
 		cfg    v1.Config
 	}{
-		{&out.pause, []v1.Layer{base}, v1.Config{Entrypoint: []string{"/bin/sleep", "2147483647"}}},
-		{&out.app1, []v1.Layer{base, app1}, v1.Config{Entrypoint: []string{"/app"}}},
-		{&out.app2, []v1.Layer{base, app2}, v1.Config{Entrypoint: []string{"/app"}}},
-		{&out.crash, []v1.Layer{base, app1}, v1.Config{Entrypoint: []string{"/app", fmt.Sprintf("-exit=%d", CrashExitCode)}}},
-		{&out.large, []v1.Layer{base, app1, large}, v1.Config{Entrypoint: []string{"/app"}}},
-		{&out.busybox, []v1.Layer{base}, v1.Config{Cmd: []string{"sh"}}},
-		{&out.web, []v1.Layer{base}, v1.Config{Entrypoint: []string{"/bin/httpd", "-f", "-p", "80", "-h", "/www"}}},
+		{&out.pause, "pause", []v1.Layer{base}, v1.Config{Entrypoint: []string{"/bin/sleep", "2147483647"}}},
+		{&out.app1, "app-v1", []v1.Layer{base, app1}, v1.Config{Entrypoint: []string{"/app"}}},
+		{&out.app2, "app-v2", []v1.Layer{base, app2}, v1.Config{Entrypoint: []string{"/app"}}},
+		{&out.crash, "crash", []v1.Layer{base, app1}, v1.Config{Entrypoint: []string{"/app", fmt.Sprintf("-exit=%d", CrashExitCode)}}},
+		{&out.large, "large", []v1.Layer{base, app1, large}, v1.Config{Entrypoint: []string{"/app"}}},
+		{&out.busybox, "busybox", []v1.Layer{base}, v1.Config{Cmd: []string{"sh"}}},
+		{&out.web, "web", []v1.Layer{base}, v1.Config{Entrypoint: []string{"/bin/httpd", "-f", "-p", "80", "-h", "/www"}}},
 	}
 	for _, s := range steps {
-		img, err := ociImage(s.layers, s.cfg)
+		img, err := ociImage(s.name, s.layers, s.cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -190,7 +191,13 @@ func doBuildTestImages() (*testImages, error) {
 	return out, nil
 }
 
-func ociImage(layers []v1.Layer, cfg v1.Config) (v1.Image, error) {
+// ImageLabel is the config label that names each test image. Images with the
+// same layers and command still get their own image ID: critest expects an
+// image it pulled to carry only its own tag.
+const ImageLabel = "io.inplaced.test-image"
+
+func ociImage(name string, layers []v1.Layer, cfg v1.Config) (v1.Image, error) {
+	cfg.Labels = map[string]string{ImageLabel: name}
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
 	img, err := mutate.AppendLayers(img, layers...)
@@ -241,8 +248,9 @@ func (b *tarBuilder) file(path string, mode int64, data []byte) error {
 	return err
 }
 
-func (b *tarBuilder) symlink(path, target string) error {
-	return b.tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: path, Linkname: target, Mode: 0o777, ModTime: fixedTime, Format: tar.FormatPAX})
+// hardlink adds path as a hard link to target (a path in the same layer).
+func (b *tarBuilder) hardlink(path, target string) error {
+	return b.tw.WriteHeader(&tar.Header{Typeflag: tar.TypeLink, Name: path, Linkname: target, Mode: 0o755, ModTime: fixedTime, Format: tar.FormatPAX})
 }
 
 func (b *tarBuilder) layer() (v1.Layer, error) {
@@ -253,6 +261,23 @@ func (b *tarBuilder) layer() (v1.Layer, error) {
 	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(data)), nil
 	}, tarball.WithMediaType(types.OCILayer), tarball.WithCompressionLevel(gzip.BestSpeed))
+}
+
+// standInTools are shell scripts for commands critest runs in its default
+// image that Debian's busybox-static does not have.
+var standInTools = map[string]string{
+	"pgrep": `#!/bin/sh
+# stand-in for pgrep NAME (test/harness): pids of processes named NAME
+exec pidof "$@"
+`,
+	"ipcs": `#!/bin/sh
+# stand-in for "ipcs -m" (test/harness): shared memory segments of this IPC namespace
+echo "------ Shared Memory Segments --------"
+echo "key        shmid      owner      perms      bytes      nattch"
+tail -n +2 /proc/sysvipc/shm | while read key shmid perms size cpid lpid nattch uid rest; do
+	printf '0x%08x %-10s %-10s %-10s %-10s %s\n' "$key" "$shmid" "$uid" "$perms" "$size" "$nattch"
+done
+`,
 }
 
 const etcPasswd = `root:x:0:0:root:/root:/bin/sh
@@ -281,8 +306,10 @@ nogroup:x:65534:
 `
 
 // busyboxLayer is the base layer of every image: a static busybox at
-// /bin/busybox with every applet as a symlink in /bin, /etc/passwd and
-// /etc/group, and /www/index.html for the web image.
+// /bin/busybox with every applet as a hard link in /bin (as in the upstream
+// busybox image: masking /bin/ls must not mask the shell), /etc/passwd and
+// /etc/group, /www/index.html for the web image, and shell stand-ins for the
+// tools critest runs that Debian's busybox lacks (pgrep, ipcs -m).
 func busyboxLayer(busybox string) (v1.Layer, error) {
 	if err := checkStatic(busybox); err != nil {
 		return nil, fmt.Errorf("%s: %w (install busybox-static, run hack/install-deps.sh)", busybox, err)
@@ -310,11 +337,21 @@ func busyboxLayer(busybox string) (v1.Layer, error) {
 	if err := b.file("bin/busybox", 0o755, bin); err != nil {
 		return nil, err
 	}
+	have := map[string]bool{}
 	for _, a := range applets {
 		if a == "busybox" || strings.Contains(a, "/") {
 			continue
 		}
-		if err := b.symlink("bin/"+a, "busybox"); err != nil {
+		have[a] = true
+		if err := b.hardlink("bin/"+a, "bin/busybox"); err != nil {
+			return nil, err
+		}
+	}
+	for name, script := range standInTools {
+		if have[name] {
+			continue
+		}
+		if err := b.file("bin/"+name, 0o755, []byte(script)); err != nil {
 			return nil, err
 		}
 	}
