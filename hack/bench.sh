@@ -10,9 +10,10 @@
 #   BENCH_OUT=dir      where the log, results and load samples go
 #                      (default _output/bench)
 #   RELAY_AB=commit    also run BenchmarkRelay (in process, no containerd)
-#                      from test binaries of that commit and of this tree,
-#                      alternately RELAY_AB_RUNS times (default 5): a
-#                      before/after of a relay change, in the same document
+#                      built with pkg/relay of that commit and of this tree
+#                      (the same benchmark code), alternately RELAY_AB_RUNS
+#                      times (default 5): a before/after of a relay change,
+#                      in the same document
 #
 # Expects the binaries in $INPLACED_BIN (make bench builds them first).
 # On failure the markdown is written to $BENCH_OUT/benchmarks.md instead of
@@ -40,20 +41,23 @@ for b in inplaced inplacectl; do
 	fi
 done
 
-# relay_ab builds the bench test binary at ${RELAY_AB} and here, and runs
-# their BenchmarkRelay alternately, phases "before"/"after" in the results.
+# relay_ab builds the bench test binary twice — from HEAD with pkg/relay of
+# ${RELAY_AB}, and from this tree — and runs their BenchmarkRelay
+# alternately, phases "before"/"after" in the results.
 relay_ab() {
 	local old new dir i
 	old="$(git rev-parse --short "${RELAY_AB}")"
 	new="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- pkg 2>/dev/null || echo '+changes')"
 	dir="$(mktemp -d)"
 	log "relay before/after: ${old} vs ${new}, ${RELAY_AB_RUNS:-5} runs each"
-	git archive "${old}" | tar -x -C "${dir}"
+	git archive HEAD | tar -x -C "${dir}"
+	rm -rf "${dir}/pkg/relay"
+	git archive "${old}" pkg/relay | tar -x -C "${dir}"
 	(cd "${dir}" && go test -c -o "${OUT}/relay-before.test" ./test/bench/)
 	go test -c -o "${OUT}/relay-after.test" ./test/bench/
 	rm -rf "${dir}"
 	for ((i = 0; i < ${RELAY_AB_RUNS:-5}; i++)); do
-		INPLACED_BENCH_PHASE="before (${old})" "${OUT}/relay-before.test" -test.run '^$' -test.bench '^BenchmarkRelay$' -test.benchtime 1s >>"${OUT}/relay-ab.log" 2>&1 || return 1
+		INPLACED_BENCH_PHASE="before (pkg/relay of ${old})" "${OUT}/relay-before.test" -test.run '^$' -test.bench '^BenchmarkRelay$' -test.benchtime 1s >>"${OUT}/relay-ab.log" 2>&1 || return 1
 		INPLACED_BENCH_PHASE="after (${new})" "${OUT}/relay-after.test" -test.run '^$' -test.bench '^BenchmarkRelay$' -test.benchtime 1s >>"${OUT}/relay-ab.log" 2>&1 || return 1
 	done
 }

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -35,17 +36,27 @@ type criCall struct {
 	do   func(ctx context.Context, c *harness.CRIClient, i int) error
 }
 
+// criOneProc is the variant of inplaced that BenchmarkCRI measures beside
+// the default one: the Go runtime limited to one OS thread running Go code,
+// so that handing a call from goroutine to goroutine never wakes another
+// CPU.
+const criOneProc = "GOMAXPROCS=1"
+
 // BenchmarkCRI measures the per-call latency of kubelet's read calls
 // directly on containerd's socket and through inplaced, in alternating
-// batches so that noise on the machine hits both paths alike, at 1 and 16
-// concurrent callers sharing one connection (as kubelet does). Each cell
-// reports p50/p99 of both paths and their ratios; the results file gets the
-// full summaries, and inplaced's RSS after all cells of a backend.
+// batches so that noise on the machine hits all paths alike, at 1 and 16
+// concurrent callers sharing one connection (as kubelet does). Two inplaced
+// daemons run in front of the same containerd: as installed, and with
+// GOMAXPROCS=1. Each cell reports p50/p99 of the paths and their ratios;
+// the results file gets the full summaries and inplaced's CPU per relayed
+// call, then inplaced's RSS after all cells of a backend and a perf profile.
 func BenchmarkCRI(b *testing.B) {
 	benchBackends(b, func(b *testing.B, ctrd *harness.Containerd) {
 		px := startBenchProxy(b, ctrd.Endpoint, 3*time.Second)
+		px1 := startBenchProxy(b, ctrd.Endpoint, 3*time.Second, criOneProc)
 		direct := ctrd.CRI(b)
 		proxy := harness.DialCRI(b, px.Endpoint)
+		proxies := []criProxy{{px: px, cri: proxy}, {variant: criOneProc, px: px1, cri: harness.DialCRI(b, px1.Endpoint)}}
 		ids := criPopulate(b, direct, ctrd.Images)
 		image := ctrd.Images.Pause // what the containers run
 		calls := []criCall{
@@ -84,14 +95,19 @@ func BenchmarkCRI(b *testing.B) {
 		for _, call := range calls {
 			for _, conc := range []int{1, 16} {
 				b.Run(fmt.Sprintf("%s/c%d", call.name, conc), func(b *testing.B) {
-					cpu0, _ := procCPU(px.PID())
-					l, proxyCalls := criMeasure(b, direct, proxy, call, conc)
-					if cpu1, err := procCPU(px.PID()); err == nil && proxyCalls > 0 {
-						l.ProxyCPUPerCall = int64(cpu1-cpu0) / int64(proxyCalls)
+					cpu0 := make([]time.Duration, len(proxies))
+					for i, p := range proxies {
+						cpu0[i], _ = procCPU(p.px.PID())
 					}
-					l.Backend = string(ctrd.Backend)
+					ls, proxyCalls := criMeasure(b, direct, proxies, call, conc)
+					for i, l := range ls {
+						if cpu1, err := procCPU(proxies[i].px.PID()); err == nil && proxyCalls > 0 {
+							l.ProxyCPUPerCall = int64(cpu1-cpu0[i]) / int64(proxyCalls)
+						}
+						l.Backend = string(ctrd.Backend)
+						mustAppend(b, report.Record{Latency: l})
+					}
 					relayed += int64(proxyCalls)
-					mustAppend(b, report.Record{Latency: l})
 				})
 			}
 		}
@@ -108,15 +124,25 @@ func BenchmarkCRI(b *testing.B) {
 		// (so the sampling does not touch the figures above): every call
 		// through the proxy, one caller, criProfileTime each.
 		if rec := startPerf(b, px.PID()); rec != nil {
+			var costs []report.CallCost
 			for _, call := range calls {
+				cnt := startPerfStat(b, px.PID())
+				cpu0, _ := procCPU(px.PID())
 				deadline := time.Now().Add(criProfileTime)
-				for i := 0; time.Now().Before(deadline); i++ {
-					if err := call.do(context.Background(), proxy, i); err != nil {
+				n := 0
+				for ; time.Now().Before(deadline); n++ {
+					if err := call.do(context.Background(), proxy, n); err != nil {
 						b.Fatalf("%s: %v", call.name, err)
 					}
 				}
+				cpu1, _ := procCPU(px.PID())
+				if sc, sw, ok := cnt.stop(b); ok && n > 0 {
+					costs = append(costs, report.CallCost{Method: call.name, Calls: n, Syscalls: float64(sc) / float64(n),
+						ContextSwitches: float64(sw) / float64(n), CPUNs: int64(cpu1-cpu0) / int64(n)})
+				}
 			}
 			if prof := rec.stop(b, string(ctrd.Backend)); prof != nil {
+				prof.PerCall = costs
 				mustAppend(b, report.Record{Profile: prof})
 			}
 		}
@@ -162,16 +188,29 @@ func criPopulate(b *testing.B, direct *harness.CRIClient, imgs harness.Images) [
 	return ids
 }
 
-// criMeasure runs call in rounds of one direct and one proxy batch (their
-// order alternating), each batch conc goroutines making perG calls, until
-// b.Loop is done and each path has criMinSamples samples.
-// It returns the summary and how many calls went through the proxy in all.
-func criMeasure(b *testing.B, direct, proxy *harness.CRIClient, call criCall, conc int) (*report.Latency, int) {
+// criProxy is one inplaced in front of the backend.
+type criProxy struct {
+	variant string // "" for inplaced as installed
+	px      *harness.Inplaced
+	cri     *harness.CRIClient
+}
+
+// criMeasure runs call in rounds of one batch per path (direct, then each
+// proxy; the order rotates every round), each batch conc goroutines making
+// perG calls, until b.Loop is done and each path has criMinSamples samples.
+// It returns a summary per proxy (each with the same direct summary) and how
+// many calls went through each proxy in all.
+func criMeasure(b *testing.B, direct *harness.CRIClient, proxies []criProxy, call criCall, conc int) ([]*report.Latency, int) {
 	perG := max(32/conc, 8)
 	ctx := context.Background()
-	var dS, pS []time.Duration
+	paths := []*harness.CRIClient{direct}
+	for _, p := range proxies {
+		paths = append(paths, p.cri)
+	}
+	samples := make([][]time.Duration, len(paths))
 	var seq, proxyCalls int
-	batch := func(c *harness.CRIClient, record bool) {
+	batch := func(path int, record bool) {
+		c := paths[path]
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		var firstErr error
@@ -204,52 +243,54 @@ func criMeasure(b *testing.B, direct, proxy *harness.CRIClient, call criCall, co
 		close(begin)
 		wg.Wait()
 		seq += conc * perG
-		if c == proxy {
+		if path == 1 {
 			proxyCalls += conc * perG
 		}
 		if firstErr != nil {
 			b.Fatalf("%s: %v", call.name, firstErr)
 		}
-		if !record {
-			return
-		}
-		for _, s := range out {
-			if c == direct {
-				dS = append(dS, s...)
-			} else {
-				pS = append(pS, s...)
+		if record {
+			for _, s := range out {
+				samples[path] = append(samples[path], s...)
 			}
 		}
 	}
 	round := 0
 	one := func() {
-		if round%2 == 0 {
-			batch(direct, true)
-			batch(proxy, true)
-		} else {
-			batch(proxy, true)
-			batch(direct, true)
+		for k := range paths {
+			batch((round+k)%len(paths), true)
 		}
 		round++
 	}
-	// Warm both paths: connections, caches, the proxy's goroutines.
-	batch(direct, false)
-	batch(proxy, false)
+	// Warm every path: connections, caches, the proxies' goroutines.
+	for p := range paths {
+		batch(p, false)
+	}
 	for b.Loop() {
 		one()
 	}
-	for len(dS) < criMinSamples || len(pS) < criMinSamples {
+	for slices.ContainsFunc(samples, func(s []time.Duration) bool { return len(s) < criMinSamples }) {
 		one()
 	}
-	l := &report.Latency{Method: call.name, Concurrency: conc, Rounds: round, Note: call.note,
-		Direct: report.Summarize(dS), Proxy: report.Summarize(pS)}
+	dir := report.Summarize(samples[0])
+	var out []*report.Latency
 	us := func(ns int64) float64 { return float64(ns) / 1e3 }
-	b.ReportMetric(float64(l.Proxy.P50), "ns/op")
-	b.ReportMetric(us(l.Direct.P50), "direct-p50-µs")
-	b.ReportMetric(us(l.Proxy.P50), "proxy-p50-µs")
-	b.ReportMetric(float64(l.Proxy.P50)/float64(l.Direct.P50), "p50-ratio")
-	b.ReportMetric(us(l.Direct.P99), "direct-p99-µs")
-	b.ReportMetric(us(l.Proxy.P99), "proxy-p99-µs")
-	b.ReportMetric(float64(l.Proxy.P99)/float64(l.Direct.P99), "p99-ratio")
-	return l, proxyCalls
+	for i, p := range proxies {
+		l := &report.Latency{Method: call.name, Concurrency: conc, Rounds: round, Note: call.note, Variant: p.variant,
+			Direct: dir, Proxy: report.Summarize(samples[i+1])}
+		out = append(out, l)
+		suffix := ""
+		if p.variant != "" {
+			suffix = "-1proc"
+		} else {
+			b.ReportMetric(float64(l.Proxy.P50), "ns/op")
+			b.ReportMetric(us(l.Direct.P50), "direct-p50-µs")
+			b.ReportMetric(us(l.Direct.P99), "direct-p99-µs")
+		}
+		b.ReportMetric(us(l.Proxy.P50), "proxy"+suffix+"-p50-µs")
+		b.ReportMetric(float64(l.Proxy.P50)/float64(l.Direct.P50), "p50-ratio"+suffix)
+		b.ReportMetric(us(l.Proxy.P99), "proxy"+suffix+"-p99-µs")
+		b.ReportMetric(float64(l.Proxy.P99)/float64(l.Direct.P99), "p99-ratio"+suffix)
+	}
+	return out, proxyCalls
 }

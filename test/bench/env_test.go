@@ -53,15 +53,15 @@ func benchBackends(b *testing.B, fn func(b *testing.B, c *harness.Containerd)) {
 // startBenchProxy starts inplaced in front of endpoint as a node runs it:
 // the harness starts it at debug level, which logs every RPC and decodes
 // the IDs in it, so it is restarted at info level. minRuntime is its health
-// gate default (--health-min-runtime).
-func startBenchProxy(b *testing.B, endpoint string, minRuntime time.Duration) *harness.Inplaced {
+// gate default (--health-min-runtime); env is added to its environment.
+func startBenchProxy(b *testing.B, endpoint string, minRuntime time.Duration, env ...string) *harness.Inplaced {
 	b.Helper()
-	px := harness.StartInplaced(b, endpoint)
+	px := harness.StartInplaced(b, endpoint, env...)
 	if err := px.Stop(); err != nil {
 		b.Fatal(err)
 	}
 	px.ExtraArgs = []string{"--log-level", "info", "--health-min-runtime", minRuntime.String()}
-	if err := px.Start(); err != nil {
+	if err := px.Start(env...); err != nil {
 		b.Fatalf("restart inplaced at info level: %v\n%s", err, px.LogTail(20))
 	}
 	return px

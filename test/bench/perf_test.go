@@ -150,3 +150,70 @@ func (p *perfRecorder) stop(b *testing.B, backend string) *report.Profile {
 	})
 	return prof
 }
+
+// perfCounter counts inplaced's system calls and context switches with
+// `perf stat -p` while it runs.
+type perfCounter struct {
+	cmd    *exec.Cmd
+	stderr bytes.Buffer
+	done   chan error
+}
+
+// startPerfStat returns nil when perf is missing or disabled.
+func startPerfStat(b *testing.B, pid int) *perfCounter {
+	b.Helper()
+	if os.Getenv("INPLACED_BENCH_PERF") == "0" {
+		return nil
+	}
+	bin, err := exec.LookPath("perf")
+	if err != nil {
+		return nil
+	}
+	c := &perfCounter{done: make(chan error, 1)}
+	c.cmd = exec.Command(bin, "stat", "-x", ",", "-e", "raw_syscalls:sys_enter,context-switches", "-p", strconv.Itoa(pid))
+	c.cmd.Stderr = &c.stderr
+	if err := c.cmd.Start(); err != nil {
+		b.Logf("perf stat: %v", err)
+		return nil
+	}
+	go func() { c.done <- c.cmd.Wait() }()
+	time.Sleep(100 * time.Millisecond) // perf attaches
+	return c
+}
+
+// stop returns the system calls and context switches counted.
+func (c *perfCounter) stop(b *testing.B) (syscalls, switches int64, ok bool) {
+	b.Helper()
+	if c == nil {
+		return 0, 0, false
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		_ = c.cmd.Process.Kill()
+		return 0, 0, false
+	}
+	// -x , lines: value,unit,event,...
+	var gotSys, gotSw bool
+	for _, line := range strings.Split(c.stderr.String(), "\n") {
+		f := strings.Split(line, ",")
+		if len(f) < 3 {
+			continue
+		}
+		n, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		switch f[2] {
+		case "raw_syscalls:sys_enter":
+			syscalls, gotSys = n, true
+		case "context-switches":
+			switches, gotSw = n, true
+		}
+	}
+	if !gotSys || !gotSw {
+		b.Logf("perf stat output not understood: %s", c.stderr.String())
+	}
+	return syscalls, switches, gotSys && gotSw
+}

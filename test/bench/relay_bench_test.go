@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -158,7 +159,14 @@ func relayMeasure(b *testing.B, direct, proxy runtimeapi.RuntimeServiceClient, v
 			ctx := context.Background()
 			const batch = 64
 			var dS, pS []time.Duration
+			// Heap allocations per path, read around each batch (outside the
+			// timed calls): the relay's own are the proxy path's minus the
+			// direct path's.
+			var ms runtime.MemStats
+			var allocBytes, allocs [2]uint64
 			run := func(c runtimeapi.RuntimeServiceClient, out *[]time.Duration) {
+				runtime.ReadMemStats(&ms)
+				b0, n0 := ms.TotalAlloc, ms.Mallocs
 				for range batch {
 					t0 := time.Now()
 					if err := m.do(ctx, c); err != nil {
@@ -166,10 +174,18 @@ func relayMeasure(b *testing.B, direct, proxy runtimeapi.RuntimeServiceClient, v
 					}
 					*out = append(*out, time.Since(t0))
 				}
+				runtime.ReadMemStats(&ms)
+				i := 0
+				if c == proxy {
+					i = 1
+				}
+				allocBytes[i] += ms.TotalAlloc - b0
+				allocs[i] += ms.Mallocs - n0
 			}
 			var warm []time.Duration
 			run(direct, &warm)
 			run(proxy, &warm)
+			allocBytes, allocs = [2]uint64{}, [2]uint64{}
 			round := 0
 			for b.Loop() {
 				if round%2 == 0 {
@@ -191,6 +207,11 @@ func relayMeasure(b *testing.B, direct, proxy runtimeapi.RuntimeServiceClient, v
 			if m.name == "ListContainers" {
 				l.Note = "100 containers"
 			}
+			perCall := func(v uint64, n int) float64 { return float64(v) / float64(n) }
+			l.ProxyAllocBytes = int64(perCall(allocBytes[1], len(pS)) - perCall(allocBytes[0], len(dS)))
+			l.ProxyAllocs = int64(perCall(allocs[1], len(pS)) - perCall(allocs[0], len(dS)))
+			b.ReportMetric(float64(l.ProxyAllocBytes), "relay-B/call")
+			b.ReportMetric(float64(l.ProxyAllocs), "relay-allocs/call")
 			b.ReportMetric(float64(l.Proxy.P50-l.Direct.P50), "ns/op")
 			b.ReportMetric(float64(l.Direct.P50)/1e3, "direct-p50-µs")
 			b.ReportMetric(float64(l.Proxy.P50)/1e3, "proxy-p50-µs")

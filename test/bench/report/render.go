@@ -69,7 +69,8 @@ type doc struct {
 	in        Input
 	backends  []string // in order of first appearance
 	backend   map[string]*Backend
-	latencies map[string][]*Latency // by backend, in order
+	latencies map[string][]*Latency // by backend, in order: inplaced as installed
+	variants  map[string][]*Latency // by backend: other inplaced variants
 	memory    map[string]*Memory
 	profile   map[string]*Profile
 	downtimes map[string]map[string]map[string]*Downtime // backend → image → method
@@ -79,7 +80,7 @@ type doc struct {
 }
 
 func newDoc(in Input) *doc {
-	d := &doc{in: in, backend: map[string]*Backend{}, latencies: map[string][]*Latency{}, memory: map[string]*Memory{}, profile: map[string]*Profile{},
+	d := &doc{in: in, backend: map[string]*Backend{}, latencies: map[string][]*Latency{}, variants: map[string][]*Latency{}, memory: map[string]*Memory{}, profile: map[string]*Profile{},
 		downtimes: map[string]map[string]map[string]*Downtime{}, rz: map[string]map[string]GoBench{}}
 	seen := func(b string) {
 		if b != "" && !slices.Contains(d.backends, b) {
@@ -96,11 +97,15 @@ func newDoc(in Input) *doc {
 		case r.Latency != nil:
 			seen(r.Latency.Backend)
 			// A later record of the same cell replaces an earlier one.
-			l := d.latencies[r.Latency.Backend]
+			m := d.latencies
+			if r.Latency.Variant != "" {
+				m = d.variants
+			}
+			l := m[r.Latency.Backend]
 			l = slices.DeleteFunc(l, func(x *Latency) bool {
-				return x.Method == r.Latency.Method && x.Concurrency == r.Latency.Concurrency
+				return x.Method == r.Latency.Method && x.Concurrency == r.Latency.Concurrency && x.Variant == r.Latency.Variant
 			})
-			d.latencies[r.Latency.Backend] = append(l, r.Latency)
+			m[r.Latency.Backend] = append(l, r.Latency)
 		case r.Memory != nil:
 			seen(r.Memory.Backend)
 			d.memory[r.Memory.Backend] = r.Memory
@@ -149,6 +154,17 @@ func fmtDur(ns int64) string {
 		return fmt.Sprintf("%.0f ms", float64(d)/1e6)
 	default:
 		return fmt.Sprintf("%.2f s", d.Seconds())
+	}
+}
+
+func fmtBytes(n int64) string {
+	switch {
+	case n < 0:
+		return "−" + fmtBytes(-n)
+	case n < 10<<10:
+		return fmt.Sprintf("%d B", n)
+	default:
+		return fmt.Sprintf("%.0f KiB", float64(n)/1024)
 	}
 }
 
@@ -315,7 +331,7 @@ func (d *doc) latency(b *strings.Builder) {
 		"every container carries kubelet's labels and annotations, so ListContainers answers with a kubelet-sized message. "+
 		"One CRI client connection to containerd's socket (*direct*) and one to inplaced's (*proxy*: client → inplaced → containerd), "+
 		"shared by all callers as kubelet shares its connection. Each call's latency is timed on its own; "+
-		"direct and proxy batches alternate (and swap order every round) until each path has at least 2000 samples, "+
+		"direct and proxy batches alternate (their order rotating every round) until each path has at least 2000 samples, "+
 		"so the two paths see the same machine. Percentiles are nearest-rank over all samples. "+
 		"Added = proxy p50 − direct p50.\n\n", d.populationNote())
 	for _, be := range d.backends {
@@ -346,6 +362,27 @@ func (d *doc) latency(b *strings.Builder) {
 				cpu, min(l.Direct.N, l.Proxy.N), target)
 		}
 		b.WriteString("\n")
+		if vs := d.variants[be]; len(vs) > 0 {
+			fmt.Fprintf(b, "The same cells, measured in the same rounds (so against the same direct samples), through a second inplaced "+
+				"in front of the same containerd, started with `%s` — the Go scheduler on one OS thread, so a call handed from "+
+				"goroutine to goroutine inside inplaced does not wake a second CPU. Not how inplaced is installed; the targets above are judged on the default.\n\n", vs[0].Variant)
+			fmt.Fprintf(b, "| Call | Callers | Direct p50 | Proxy p50 | Added p50 | p50 ratio | Direct p99 | Proxy p99 | p99 ratio | inplaced CPU per call |\n")
+			fmt.Fprintf(b, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+			for _, l := range vs {
+				name := l.Method
+				if l.Note != "" {
+					name += " (" + l.Note + ")"
+				}
+				cpu := "–"
+				if l.ProxyCPUPerCall > 0 {
+					cpu = fmtDur(l.ProxyCPUPerCall)
+				}
+				fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", name, l.Concurrency,
+					fmtDur(l.Direct.P50), fmtDur(l.Proxy.P50), fmtDur(l.Proxy.P50-l.Direct.P50), fmtRatio(ratio(float64(l.Proxy.P50), float64(l.Direct.P50))),
+					fmtDur(l.Direct.P99), fmtDur(l.Proxy.P99), fmtRatio(ratio(float64(l.Proxy.P99), float64(l.Direct.P99))), cpu)
+			}
+			b.WriteString("\n")
+		}
 		if m := d.memory[be]; m != nil {
 			fmt.Fprintf(b, "inplaced after relaying the %d calls of these cells: **VmRSS %.1f MiB**, peak (VmHWM) %.1f MiB (`/proc/<pid>/status`); "+
 				"it used %s of CPU for them (`/proc/<pid>/stat` utime + stime), %s per call on average. "+
@@ -358,6 +395,13 @@ func (d *doc) latency(b *strings.Builder) {
 			fmt.Fprintf(b, "| Part of inplaced | Share of its CPU samples |\n|---|--:|\n")
 			for _, g := range p.Groups {
 				fmt.Fprintf(b, "| %s | %.1f%% |\n", g.Name, g.Percent)
+			}
+			if len(p.PerCall) > 0 {
+				fmt.Fprintf(b, "\nWhat inplaced did per relayed call in that phase (`perf stat -e raw_syscalls:sys_enter,context-switches -p`, CPU from `/proc/<pid>/stat`):\n\n")
+				fmt.Fprintf(b, "| Call | Calls | System calls per call | Context switches per call | CPU per call |\n|---|--:|--:|--:|--:|\n")
+				for _, c := range p.PerCall {
+					fmt.Fprintf(b, "| %s | %d | %.1f | %.1f | %s |\n", c.Method, c.Calls, c.Syscalls, c.ContextSwitches, fmtDur(c.CPUNs))
+				}
 			}
 			b.WriteString("\n<details><summary>Top symbols</summary>\n\n| Symbol | Self |\n|---|--:|\n")
 			for _, t := range p.Top {
@@ -395,10 +439,11 @@ func (d *doc) inProcess(b *strings.Builder) {
 		"(no containerd), one caller, direct and relayed batches alternating — the proxy's cost without the runtime's. "+
 		"*interceptors* is the relay with inplaced's interceptor table (ListContainers has a watching interceptor that passes through while no swap runs); "+
 		"*bare* has none, so every unary call takes the no-copy pass-through. "+
-		"Rows of another build come from `RELAY_AB=<commit> make bench`: test binaries of that commit and of this one, run alternately; "+
+		"*Relay heap per call* is what the relayed batches allocated per call beyond the direct ones (`runtime.MemStats` around each batch). "+
+		"Rows of another build come from `RELAY_AB=<commit> make bench`: the same benchmark built with `pkg/relay` of that commit and of this tree, run alternately; "+
 		"with several runs, each figure is the median of the runs' figures.\n\n")
-	fmt.Fprintf(b, "| Build | Relay | Call | Runs | Direct p50 | Relayed p50 | Added p50 | p50 ratio | Direct p99 | Relayed p99 |\n")
-	fmt.Fprintf(b, "|---|---|---|--:|--:|--:|--:|--:|--:|--:|\n")
+	fmt.Fprintf(b, "| Build | Relay | Call | Runs | Direct p50 | Relayed p50 | Added p50 | p50 ratio | Direct p99 | Relayed p99 | Relay heap per call |\n")
+	fmt.Fprintf(b, "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, k := range order {
 		ls := runs[k]
 		pick := func(f func(*Latency) int64) int64 {
@@ -419,9 +464,13 @@ func (d *doc) inProcess(b *strings.Builder) {
 		for i, l := range ls {
 			ratios[i] = int64(1e6 * ratio(float64(l.Proxy.P50), float64(l.Direct.P50)))
 		}
-		fmt.Fprintf(b, "| %s | %s | %s | %d | %s | %s | %s | %s | %s | %s |\n", k.phase, k.variant, name, len(ls),
+		heap := "–"
+		if ab := pick(func(l *Latency) int64 { return l.ProxyAllocBytes }); ab != 0 {
+			heap = fmt.Sprintf("%s in %d objects", fmtBytes(ab), pick(func(l *Latency) int64 { return l.ProxyAllocs }))
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s |\n", k.phase, k.variant, name, len(ls),
 			fmtDur(dp50), fmtDur(pp50), fmtDur(added), fmtRatio(float64(Median(ratios))/1e6),
-			fmtDur(pick(func(l *Latency) int64 { return l.Direct.P99 })), fmtDur(pick(func(l *Latency) int64 { return l.Proxy.P99 })))
+			fmtDur(pick(func(l *Latency) int64 { return l.Direct.P99 })), fmtDur(pick(func(l *Latency) int64 { return l.Proxy.P99 })), heap)
 	}
 	b.WriteString("\n")
 }
@@ -523,6 +572,22 @@ func (d *doc) downtime(b *strings.Builder) {
 			}
 			fmt.Fprintf(b, "- %s: pod recreation without the RemovePodSandbox step (kubelet's GC removes the old sandbox later) takes %s; the swap is %s of that.\n",
 				img, fmtDur(Median(without)), fmtRatio(ratio(float64(Median(sw.Samples)), float64(Median(without)))))
+		}
+		// The kubelet-style replacement is the swap's steps plus the pull:
+		// say how long a pull would have to take for the 0.1× target.
+		if kl, sw := imgs["Large"][MethodKubelet], imgs["Large"][MethodSwap]; kl != nil && sw != nil && len(kl.Steps) == len(kl.Samples) {
+			var rest, pulls []int64
+			for i, s := range kl.Samples {
+				rest = append(rest, s-kl.Steps[i]["pull"])
+				pulls = append(pulls, kl.Steps[i]["pull"])
+			}
+			need := int64(float64(Median(sw.Samples))/TargetLargeSwapVsKubelet) - Median(rest)
+			fmt.Fprintf(b, "- Large: the kubelet-style replacement is stop + pull + create + start; without its pull it took %s (median), "+
+				"about the swap's %s, and the pull itself %s (100 MiB from a registry on loopback: the best case for kubelet). "+
+				"Derived from these medians, not measured: the swap would be ≤ %.1f× once a pull of the new layers takes ≥ %s "+
+				"(≈ %.0f MiB/s or less for this 100 MiB layer).\n",
+				fmtDur(Median(rest)), fmtDur(Median(sw.Samples)), fmtDur(Median(pulls)), TargetLargeSwapVsKubelet, fmtDur(need),
+				100/max(time.Duration(need).Seconds(), 1e-9))
 		}
 		b.WriteString("\n")
 	}

@@ -105,6 +105,11 @@ type Latency struct {
 	// ProxyCPUPerCall is the CPU time (user + system) inplaced spent during
 	// the cell divided by the calls it relayed, in ns; 0 if unknown.
 	ProxyCPUPerCall int64 `json:"proxy_cpu_per_call_ns,omitempty"`
+	// ProxyAllocBytes and ProxyAllocs are the heap bytes and objects the
+	// proxy path allocated per call beyond the direct path (in-process
+	// relay only).
+	ProxyAllocBytes int64 `json:"proxy_alloc_bytes,omitempty"`
+	ProxyAllocs     int64 `json:"proxy_allocs,omitempty"`
 }
 
 // Profile is where inplaced's CPU time went while it relayed the calls of
@@ -117,6 +122,18 @@ type Profile struct {
 	Groups []ProfileEntry `json:"groups"`
 	// Top are the symbols with the most samples.
 	Top []ProfileEntry `json:"top"`
+	// PerCall counts, per CRI method, what inplaced did for each call it
+	// relayed in that phase (`perf stat -p`, /proc/<pid>/stat).
+	PerCall []CallCost `json:"per_call,omitempty"`
+}
+
+// CallCost is what inplaced spent, on average, to relay one call of Method.
+type CallCost struct {
+	Method          string  `json:"method"`
+	Calls           int     `json:"calls"`
+	Syscalls        float64 `json:"syscalls"`
+	ContextSwitches float64 `json:"context_switches"`
+	CPUNs           int64   `json:"cpu_ns"`
 }
 
 // ProfileEntry is a symbol or group and its share of the samples, in percent.

@@ -94,6 +94,8 @@ func sampleInput() Input {
 				Direct: Summary{N: 2000, P50: us(60), P99: us(200)}, Proxy: Summary{N: 2000, P50: us(100), P99: us(300)}}},
 			{Latency: &Latency{Backend: "containerd-2.4", Method: "ListContainers", Concurrency: 1, Note: "100 containers",
 				Direct: Summary{N: 2000, P50: us(1000), P99: us(2000)}, Proxy: Summary{N: 2000, P50: us(1100), P99: us(2100)}}},
+			{Latency: &Latency{Backend: "containerd-2.4", Method: "Version", Concurrency: 1, Variant: "GOMAXPROCS=1",
+				Direct: Summary{N: 2000, P50: us(60), P99: us(200)}, Proxy: Summary{N: 2000, P50: us(90), P99: us(250)}, ProxyCPUPerCall: us(40)}},
 			{Memory: &Memory{Backend: "containerd-2.4", VmRSSKiB: 20480, VmHWMKiB: 30720, Calls: 40000}},
 			{Downtime: &Downtime{Backend: "containerd-2.4", Image: "Large", Method: MethodSwap, Samples: []int64{ms(100), ms(120), ms(110)}}},
 			{Downtime: &Downtime{Backend: "containerd-2.4", Image: "Large", Method: MethodKubelet, Samples: []int64{ms(3000), ms(3100), ms(2900)}}},
@@ -118,6 +120,8 @@ func TestRender(t *testing.T) {
 		"ListContainers (100 containers) p50 ≤ 1.05× direct", // target row
 		"| 1.10× (p99 1.05×) | **FAIL** |",                   // 1100/1000 > 1.05
 		"VmRSS 20.0 MiB",
+		"started with `GOMAXPROCS=1`",
+		"| Version | 1 | 60 µs | 90 µs | 30 µs | 1.50× | 200 µs | 250 µs | 1.25× | 40 µs |",
 		"swap downtime ≤ 0.1× kubelet-style replacement (Large) | containerd-2.4 | 0.037× | **PASS**",
 		"swap downtime ≤ 0.3× pod recreation (Large) | containerd-2.4 | 0.22× | **PASS**",
 		"without the RemovePodSandbox step",
