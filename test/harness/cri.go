@@ -168,8 +168,9 @@ func removeCgroupParents() error {
 }
 
 // PodConfig is a minimal pod sandbox config for a test pod named name in
-// namespace "default", with its cgroup under CgroupParent(name) and logs in
-// logDir.
+// namespace "default", with its cgroup under CgroupParent(name), logs in
+// logDir and kubelet's namespace defaults (a PID namespace per container,
+// network and IPC per pod).
 func PodConfig(name, logDir string) *runtimeapi.PodSandboxConfig {
 	return &runtimeapi.PodSandboxConfig{
 		Metadata: &runtimeapi.PodSandboxMetadata{
@@ -180,18 +181,33 @@ func PodConfig(name, logDir string) *runtimeapi.PodSandboxConfig {
 		Hostname:     name,
 		LogDirectory: logDir,
 		Linux: &runtimeapi.LinuxPodSandboxConfig{
-			CgroupParent: CgroupParent(name),
+			CgroupParent:    CgroupParent(name),
+			SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: kubeletNamespaces()},
 		},
 	}
 }
 
+// kubeletNamespaces are the namespace options kubelet sends for a pod without
+// hostNetwork/hostPID/hostIPC/shareProcessNamespace. (CRI's zero value for the
+// PID mode is POD: a shared PID namespace.)
+func kubeletNamespaces() *runtimeapi.NamespaceOption {
+	return &runtimeapi.NamespaceOption{
+		Network: runtimeapi.NamespaceMode_POD,
+		Pid:     runtimeapi.NamespaceMode_CONTAINER,
+		Ipc:     runtimeapi.NamespaceMode_POD,
+	}
+}
+
 // ContainerConfig is a minimal container config running image with its own
-// entrypoint, logging to <name>/0.log under the pod's log directory.
+// entrypoint, logging to <name>/0.log under the pod's log directory, with
+// kubelet's namespace defaults (see PodConfig).
 func ContainerConfig(name, image string) *runtimeapi.ContainerConfig {
 	return &runtimeapi.ContainerConfig{
 		Metadata: &runtimeapi.ContainerMetadata{Name: name},
 		Image:    &runtimeapi.ImageSpec{Image: image},
 		LogPath:  name + "/0.log",
-		Linux:    &runtimeapi.LinuxContainerConfig{},
+		Linux: &runtimeapi.LinuxContainerConfig{
+			SecurityContext: &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: kubeletNamespaces()},
+		},
 	}
 }

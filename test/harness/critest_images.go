@@ -97,8 +97,7 @@ func critestImages(t *testImages) (map[string]v1.Image, error) {
 		return v1.Config{Entrypoint: []string{"/bin/sh", "-c", fmt.Sprintf(
 			"exec -a 'nginx: master process nginx' /usr/sbin/nginx -listen=:%d -pidfile=/var/run/nginx.pid", port)}}
 	}
-	// Distinct from the sandbox image pause:3.10 (its own image ID).
-	pauseLayer, err := fileLayer(map[string]tarFile{"pause-3.9": {0o644, []byte("3.9\n")}})
+	pauseLayer, err := fileLayer(map[string]tarFile{"pause": {0o755, t.app}})
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +124,7 @@ func critestImages(t *testImages) (map[string]v1.Image, error) {
 		criTestRepo + "test-image-tags:1":               {[]v1.Layer{t.base}, busybox},
 		criTestRepo + "test-image-tags:2":               {[]v1.Layer{t.base}, busybox},
 		criTestRepo + "test-image-tags:3":               {[]v1.Layer{t.base}, busybox},
-		"pause:3.9":                                     {[]v1.Layer{t.base, pauseLayer}, v1.Config{Entrypoint: []string{"/bin/sleep", "2147483647"}}},
+		"pause:3.9":                                     {[]v1.Layer{t.base, pauseLayer}, v1.Config{Entrypoint: []string{"/pause", "-listen="}}},
 	}
 	// Three different images: each has its own marker file.
 	for i := 1; i <= 3; i++ {

@@ -148,6 +148,10 @@ func testPodLifecycle(t *testing.T, c *Containerd, images Images) {
 	if out := mustCrictl(t, c, "exec", ctrID, "cat", "/VERSION"); out != "v1" {
 		t.Errorf("exec (streaming) cat /VERSION = %q, want v1", out)
 	}
+	// Kubelet's defaults: the container has its own PID namespace, /app is PID 1.
+	if out := mustCrictl(t, c, "exec", "-s", ctrID, "cat", "/proc/1/comm"); out != "app" {
+		t.Errorf("PID 1 of the container is %q, want app", out)
+	}
 	// The app answers on :8080 inside the pod (it may need a moment to listen).
 	var got string
 	deadline := time.Now().Add(10 * time.Second)

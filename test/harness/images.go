@@ -32,7 +32,8 @@ import (
 
 // Images holds the references of the test images pushed by PushTestImages.
 type Images struct {
-	// Pause is the sandbox image: busybox running `sleep 2147483647`.
+	// Pause is the sandbox image: /pause (test/images/app, no HTTP) waiting
+	// for a signal and reaping orphans; a process named "pause" as upstream.
 	Pause string
 	// App1 and App2 run /app (test/images/app) built as v1 and v2; /VERSION holds
 	// "v1" or "v2"; busybox applets are in /bin. /app serves :8080 /version and
@@ -165,6 +166,10 @@ func doBuildTestImages() (*testImages, error) {
 	if err != nil {
 		return nil, err
 	}
+	pause, err := fileLayer(map[string]tarFile{"pause": {0o755, apps["v1"]}})
+	if err != nil {
+		return nil, err
+	}
 
 	out := &testImages{base: base, app: apps["v1"]}
 	steps := []struct {
@@ -173,7 +178,7 @@ func doBuildTestImages() (*testImages, error) {
 		layers []v1.Layer
 		cfg    v1.Config
 	}{
-		{&out.pause, "pause", []v1.Layer{base}, v1.Config{Entrypoint: []string{"/bin/sleep", "2147483647"}}},
+		{&out.pause, "pause", []v1.Layer{base, pause}, v1.Config{Entrypoint: []string{"/pause", "-listen="}}},
 		{&out.app1, "app-v1", []v1.Layer{base, app1}, v1.Config{Entrypoint: []string{"/app"}}},
 		{&out.app2, "app-v2", []v1.Layer{base, app2}, v1.Config{Entrypoint: []string{"/app"}}},
 		{&out.crash, "crash", []v1.Layer{base, app1}, v1.Config{Entrypoint: []string{"/app", fmt.Sprintf("-exit=%d", CrashExitCode)}}},

@@ -5,7 +5,8 @@
 // It prints its version, serves HTTP on -listen (GET /version, GET /healthz,
 // and 200 for any other GET) and otherwise waits; SIGTERM or SIGINT make it exit
 // 0. -exit N makes it print its version and exit at once with code N (the Crash
-// image uses -exit 3).
+// image uses -exit 3). With -listen "" it only waits; as PID 1 it reaps
+// orphaned children (the Pause image runs it as /pause -listen=).
 //
 // The same binary stands in for upstream images critest pulls (see
 // test/harness PushCritestImages): installed as "nginx" with -pidfile it is a
@@ -24,6 +25,28 @@ import (
 	"syscall"
 	"time"
 )
+
+// reapChildren waits for orphans re-parented to us as PID 1 (the Pause image
+// runs this binary as the sandbox's init), so no zombies pile up.
+func reapChildren(ctx context.Context) {
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, syscall.SIGCHLD)
+	defer signal.Stop(sigc)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sigc:
+		}
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+	}
+}
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
@@ -59,6 +82,9 @@ func run(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if os.Getpid() == 1 {
+		go reapChildren(ctx)
+	}
 
 	if *listen == "" {
 		<-ctx.Done()
