@@ -4,7 +4,7 @@
 # and writes docs/benchmarks.md from what they measured.
 #
 #   BENCH=regexp       which benchmarks (go test -bench), default "."
-#   BENCHTIME=2s       go test -benchtime; the benchmarks also have minimums
+#   BENCHTIME=1s       go test -benchtime; the benchmarks also have minimums
 #                      of their own (2000 calls per path and cell, 5
 #                      repetitions per replacement method: INPLACED_BENCH_REPS)
 #   BENCH_OUT=dir      where the log, results and load samples go
@@ -23,7 +23,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${ROOT}"
 BENCH="${BENCH:-.}"
-BENCHTIME="${BENCHTIME:-2s}"
+BENCHTIME="${BENCHTIME:-1s}"
 OUT="${BENCH_OUT:-${ROOT}/_output/bench}"
 export INPLACED_BIN="${INPLACED_BIN:-${ROOT}/_output/bin}"
 export INPLACED_BENCH_RESULTS="${OUT}/results.jsonl"
