@@ -43,16 +43,16 @@ type replaceEnv struct {
 
 // BenchmarkReplace measures how long a container name has nothing running
 // while its container is replaced by a new image, three ways, each from the
-// StopContainer call on the old container until StartContainer of the new
-// one returns:
+// old container stopped (its StopContainer returned) until StartContainer of
+// the new one returned:
 //
 //   - swap: `inplacectl swap --id ... --image ...`, its record's downtime_ns
-//     (inplaced pulls before it stops anything);
+//     (inplaced pulls and creates the new container before it stops the old);
 //   - kubelet: what kubelet does when a pod's image changes: StopContainer,
-//     PullImage, CreateContainer (attempt 1), StartContainer;
-//   - recreate: a new pod: StopContainer, StopPodSandbox, RemovePodSandbox,
-//     RunPodSandbox (new netns, CNI ADD), CreateContainer, StartContainer,
-//     with the image already on the node.
+//     then PullImage, CreateContainer (attempt 1), StartContainer;
+//   - recreate: a new pod: StopContainer, then StopPodSandbox,
+//     RemovePodSandbox, RunPodSandbox (new netns, CNI ADD), CreateContainer,
+//     StartContainer, with the image already on the node.
 //
 // Before each swap and kubelet repetition the new image is removed from the
 // node (CRI RemoveImage), so both really pull it. Each repetition uses a fresh
@@ -217,24 +217,28 @@ func (e *replaceEnv) swap(b *testing.B, oldID, image string) (time.Duration, map
 	return time.Duration(d), steps
 }
 
-// stepTimer records how long each named step takes.
+// stepTimer records how long each named step takes, and the downtime: from
+// the end of the "stop" step (the old container has stopped) to the end of
+// the last step.
 type stepTimer struct {
-	start, last time.Time
-	steps       map[string]int64
+	stopped, last time.Time
+	steps         map[string]int64
 }
 
 func newStepTimer() *stepTimer {
-	now := time.Now()
-	return &stepTimer{start: now, last: now, steps: map[string]int64{}}
+	return &stepTimer{last: time.Now(), steps: map[string]int64{}}
 }
 
 func (t *stepTimer) done(name string) {
 	now := time.Now()
 	t.steps[name] = int64(now.Sub(t.last))
 	t.last = now
+	if name == "stop" {
+		t.stopped = now
+	}
 }
 
-func (t *stepTimer) total() time.Duration { return t.last.Sub(t.start) }
+func (t *stepTimer) downtime() time.Duration { return t.last.Sub(t.stopped) }
 
 func (e *replaceEnv) kubelet(b *testing.B, ctx context.Context, p *kubePod, oldID, image string) (time.Duration, map[string]int64) {
 	b.Helper()
@@ -257,7 +261,7 @@ func (e *replaceEnv) kubelet(b *testing.B, ctx context.Context, p *kubePod, oldI
 		b.Fatalf("StartContainer: %v", err)
 	}
 	t.done("start")
-	return t.total(), t.steps
+	return t.downtime(), t.steps
 }
 
 func (e *replaceEnv) recreate(b *testing.B, ctx context.Context, p *kubePod, oldID, image string) (time.Duration, map[string]int64) {
@@ -290,5 +294,5 @@ func (e *replaceEnv) recreate(b *testing.B, ctx context.Context, p *kubePod, old
 		b.Fatalf("StartContainer: %v", err)
 	}
 	t.done("start")
-	return t.total(), t.steps
+	return t.downtime(), t.steps
 }

@@ -493,7 +493,7 @@ var methodTitle = map[string]string{
 }
 
 var stepOrder = map[string][]string{
-	MethodSwap:     {"pull", "pre-stop", "stop-old", "create-new", "start-new", "health-gate"},
+	MethodSwap:     {"pull", "create-new", "pre-stop", "stop-old", "start-new", "health-gate"},
 	MethodKubelet:  {"stop", "pull", "create", "start"},
 	MethodRecreate: {"stop", "stop-sandbox", "remove-sandbox", "run-sandbox", "create", "start"},
 }
@@ -501,12 +501,13 @@ var stepOrder = map[string][]string{
 func (d *doc) downtime(b *strings.Builder) {
 	fmt.Fprintf(b, "## 2. Swap downtime (issue 3)\n\n")
 	fmt.Fprintf(b, "`BenchmarkReplace` (`test/bench/replace_bench_test.go`). A pod runs App1 (an HTTP server that exits on SIGTERM); "+
-		"its container is replaced by a new image three ways, each timed from the **StopContainer call on the old container "+
-		"until StartContainer of the new one returns** — the time the container name has nothing running:\n\n"+
-		"- **swap**: `inplacectl swap --id … --image … --min-runtime 200ms -o json`, the record's `downtime_ns`. inplaced pulls the image *before* it stops anything, so the pull is outside the downtime; the health gate runs after the new container is started, also outside.\n"+
-		"- **kubelet-style replacement**: what kubelet does when a pod's image changes, directly on containerd: StopContainer → PullImage → CreateContainer (attempt 1) → StartContainer.\n"+
-		"- **pod recreation**: StopContainer → StopPodSandbox → RemovePodSandbox → RunPodSandbox (new network namespace, CNI bridge ADD) → CreateContainer → StartContainer, with the image already on the node (no pull: the fastest a new pod can be).\n\n"+
-		"Before every swap and kubelet-style repetition the new image is removed from the node (CRI RemoveImage, after the pods that used it are gone), "+
+		"its container is replaced by a new image three ways. Downtime is the same for all three: from the **old container stopped "+
+		"(its StopContainer returned) until StartContainer of the new one returned** — the time the container name has nothing running. "+
+		"The stop itself (SIGTERM, the app's exit, containerd's task cleanup) is the same work in all three and is shown as a step, outside the downtime.\n\n"+
+		"- **swap**: `inplacectl swap --id … --image … --min-runtime 200ms -o json`, the record's `downtime_ns`. inplaced pulls the image and creates the new container *before* it stops the old one, so only starting the new container is downtime; the health gate runs after it, also outside.\n"+
+		"- **kubelet-style replacement**: what kubelet does when a pod's image changes, directly on containerd: StopContainer, then PullImage → CreateContainer (attempt 1) → StartContainer.\n"+
+		"- **pod recreation**: StopContainer, then StopPodSandbox → RemovePodSandbox → RunPodSandbox (new network namespace, CNI bridge ADD) → CreateContainer → StartContainer, with the image already on the node (no pull: the fastest a new pod can be).\n\n"+
+		"Before every swap and kubelet-style repetition the new image is removed from the node (CRI RemoveImage, after the pods that used it are gone; for Large the run checks that the 100 MiB blob left containerd's content store), "+
 		"so both really pull it from the loopback registry. Small image: App2 (busybox + the v2 app binary). Large: App1 plus a 100 MiB layer of random data. "+
 		"Every repetition uses a fresh pod; the three methods take turns in a rotating order. Figures are medians.\n\n")
 	for _, be := range d.backends {
@@ -531,7 +532,8 @@ func (d *doc) downtime(b *strings.Builder) {
 				fmtRatio(ratio(float64(sw), float64(kl))), fmtRatio(ratio(float64(sw), float64(rc))), reps(ms), strings.Join(targets, "; "))
 		}
 		b.WriteString("\n")
-		fmt.Fprintf(b, "Where the time goes (median of each step; for the swap, `pull` and `health-gate` are outside the downtime):\n\n")
+		fmt.Fprintf(b, "Where the time goes (median of each step, in the order they ran; the downtime is the steps after the stop: "+
+			"for the swap `start-new` alone, since `pull`, `create-new`, `pre-stop` and `stop-old` come before it and `health-gate` after):\n\n")
 		fmt.Fprintf(b, "| New image | Method | Steps (median) | Downtime samples |\n|---|---|---|---|\n")
 		for _, img := range sortedKeys(imgs) {
 			for _, m := range []string{MethodSwap, MethodKubelet, MethodRecreate} {
@@ -582,8 +584,8 @@ func (d *doc) downtime(b *strings.Builder) {
 				pulls = append(pulls, kl.Steps[i]["pull"])
 			}
 			need := int64(float64(Median(sw.Samples))/TargetLargeSwapVsKubelet) - Median(rest)
-			fmt.Fprintf(b, "- Large: the kubelet-style replacement is stop + pull + create + start; without its pull it took %s (median), "+
-				"about the swap's %s, and the pull itself %s (100 MiB from a registry on loopback: the best case for kubelet). "+
+			fmt.Fprintf(b, "- Large: the kubelet-style replacement's downtime is pull + create + start; without its pull it took %s (median; the swap: %s), "+
+				"and the pull itself %s (100 MiB from a registry on loopback: the best case for kubelet). "+
 				"Derived from these medians, not measured: the swap would be ≤ %.1f× once a pull of the new layers takes ≥ %s "+
 				"(≈ %.0f MiB/s or less for this 100 MiB layer).\n",
 				fmtDur(Median(rest)), fmtDur(Median(sw.Samples)), fmtDur(Median(pulls)), TargetLargeSwapVsKubelet, fmtDur(need),

@@ -174,8 +174,8 @@ type Memory struct {
 }
 
 // Downtime is how long a container name had nothing running while it was
-// replaced by one method: from the StopContainer call on the old container
-// until StartContainer of the new one returned.
+// replaced by one method: from the old container stopped (StopContainer
+// returned) until StartContainer of the new one returned.
 type Downtime struct {
 	Backend string `json:"backend"`
 	Image   string `json:"image"`  // "App2" or "Large"
