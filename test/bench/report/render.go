@@ -197,6 +197,13 @@ func fmtRatio(r float64) string {
 	}
 }
 
+func callers(n int) string {
+	if n == 1 {
+		return "1 caller"
+	}
+	return fmt.Sprintf("%d callers", n)
+}
+
 func verdict(ok bool) string {
 	if ok {
 		return "**PASS**"
@@ -276,7 +283,7 @@ func (d *doc) targetRows() []targetRow {
 			}
 			if n > 0 {
 				rows = append(rows, targetRow{
-					target:   fmt.Sprintf("p50 added ≤ %s, every call, %d caller(s)", fmtDur(int64(TargetAddedP50)), conc),
+					target:   fmt.Sprintf("p50 added ≤ %s, every call, %s", fmtDur(int64(TargetAddedP50)), callers(conc)),
 					backend:  be,
 					measured: fmt.Sprintf("%d of %d calls within; largest: %s +%s", pass, n, worst.Method, fmtDur(worst.Proxy.P50-worst.Direct.P50)),
 					ok:       pass == n,
@@ -289,7 +296,7 @@ func (d *doc) targetRows() []targetRow {
 			}
 			r := ratio(float64(l.Proxy.P50), float64(l.Direct.P50))
 			rows = append(rows, targetRow{
-				target:   fmt.Sprintf("ListContainers (%s) p50 ≤ %.2f× direct, %d caller(s)", l.Note, TargetListRatio, l.Concurrency),
+				target:   fmt.Sprintf("ListContainers (%s) p50 ≤ %.2f× direct, %s", l.Note, TargetListRatio, callers(l.Concurrency)),
 				backend:  be,
 				measured: fmt.Sprintf("%s (p99 %s)", fmtRatio(r), fmtRatio(ratio(float64(l.Proxy.P99), float64(l.Direct.P99)))),
 				ok:       r <= TargetListRatio,
