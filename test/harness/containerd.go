@@ -340,7 +340,8 @@ func (c *counter) Add(d int) int {
 //     netns and portmap rules), starting containerd again if it was stopped;
 //  2. SIGTERM containerd;
 //  3. SIGKILL what is left of the processes with Dir in their command line
-//     (shims, runc) and their descendants (containers);
+//     (shims, runc) and their descendants (containers), and remove the files
+//     killed shims leave (their socket, libcni's loopback cache);
 //  4. unmount everything below Dir; delete the bridge; remove libcni's cache
 //     files of the network, the pod cgroups handed out by CgroupParent (by the
 //     last instance of the process), and Dir.
@@ -371,7 +372,7 @@ func (c *Containerd) close() error {
 	if err := c.Stop(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := killProcsOf(c.Dir, 15*time.Second); err != nil {
+	if err := killInstanceProcs(c.Dir, 15*time.Second); err != nil {
 		errs = append(errs, err)
 	}
 	if err := deleteLink(c.Bridge); err != nil {

@@ -83,7 +83,7 @@ func (s *slot) reapStale(tb testing.TB) {
 	if old != "" && filepath.IsAbs(old) && strings.HasPrefix(filepath.Base(old), instanceDirPrefix) {
 		if ps := procsOf(old); len(ps) > 0 {
 			tb.Logf("slot %d: killing %d processes left by a crashed harness in %s", s.n, len(ps), old)
-			if err := killProcsOf(old, 10*time.Second); err != nil {
+			if err := killInstanceProcs(old, 10*time.Second); err != nil {
 				tb.Logf("slot %d: %v", s.n, err)
 			}
 		}

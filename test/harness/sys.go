@@ -2,6 +2,8 @@ package harness
 
 import (
 	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -298,4 +300,50 @@ func removeEmptyCgroup(rel string) {
 			_ = os.Remove(top) // fails while in use: fine
 		}
 	}
+}
+
+// shimFiles are the files a containerd shim leaves behind when it is killed
+// rather than told to shut down: its socket under /run/containerd/s (named
+// after sha256(<containerd address>/<namespace>/<id>), as containerd's
+// shim.SocketAddress computes it) and libcni's loopback result cache of the
+// sandbox (cni-loopback-<id>-lo). Both names derive from the shim's own
+// command line, so only this instance's files are ever touched.
+func shimFiles(ps []proc) []string {
+	var out []string
+	for _, p := range ps {
+		if !strings.Contains(p.cmdline, "containerd-shim") {
+			continue
+		}
+		args := strings.Fields(p.cmdline)
+		var ns, id, addr string
+		for i := 0; i+1 < len(args); i++ {
+			switch args[i] {
+			case "-namespace":
+				ns = args[i+1]
+			case "-id":
+				id = args[i+1]
+			case "-address":
+				addr = args[i+1]
+			}
+		}
+		if ns == "" || id == "" || addr == "" {
+			continue
+		}
+		sum := sha256.Sum256([]byte(filepath.Join(addr, ns, id)))
+		out = append(out,
+			filepath.Join("/run/containerd/s", hex.EncodeToString(sum[:])),
+			filepath.Join("/var/lib/cni/results", "cni-loopback-"+id+"-lo"))
+	}
+	return out
+}
+
+// killInstanceProcs kills procsOf(marker) and removes the files of the shims
+// among them (see shimFiles).
+func killInstanceProcs(marker string, timeout time.Duration) error {
+	files := shimFiles(procsOf(marker))
+	err := killProcsOf(marker, timeout)
+	for _, f := range files {
+		_ = os.Remove(f)
+	}
+	return err
 }
