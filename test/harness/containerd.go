@@ -408,10 +408,18 @@ func (c *Containerd) removeAllPods() error {
 		return fmt.Errorf("list pod sandboxes: %w", err)
 	}
 	for _, p := range pods.GetItems() {
-		if _, err := cli.Runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: p.GetId()}); err != nil {
+		// Retried as kubelet does: containerd 1.6 under load sometimes answers
+		// a first StopPodSandbox with "ttrpc: closed".
+		if err := retry(ctx, func() error {
+			_, err := cli.Runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: p.GetId()})
+			return err
+		}); err != nil {
 			errs = append(errs, fmt.Errorf("stop pod %s: %w", p.GetId(), err))
 		}
-		if _, err := cli.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.GetId()}); err != nil {
+		if err := retry(ctx, func() error {
+			_, err := cli.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: p.GetId()})
+			return err
+		}); err != nil {
 			errs = append(errs, fmt.Errorf("remove pod %s: %w", p.GetId(), err))
 		}
 	}
@@ -426,6 +434,22 @@ func (c *Containerd) removeAllPods() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// retry runs f up to 3 times, 1 s apart, until it succeeds.
+func retry(ctx context.Context, f func() error) error {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		if err = f(); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Second):
+		}
+	}
+	return err
 }
 
 // saveArtifacts copies containerd's log and config to $INPLACED_ARTIFACTS, if set.
