@@ -9,6 +9,9 @@
 #                      repetitions per replacement method: INPLACED_BENCH_REPS)
 #   BENCH_OUT=dir      where the log, results and load samples go
 #                      (default _output/bench)
+#   BENCH_DOC_ONLY=1   write the markdown again from the last run's files in
+#                      BENCH_OUT (after a change to benchdoc's wording), no
+#                      benchmark run
 #   RELAY_AB=commit    also run BenchmarkRelay (in process, no containerd)
 #                      built with pkg/relay of that commit and of this tree
 #                      (the same benchmark code), alternately RELAY_AB_RUNS
@@ -29,6 +32,23 @@ export INPLACED_BIN="${INPLACED_BIN:-${ROOT}/_output/bin}"
 export INPLACED_BENCH_RESULTS="${OUT}/results.jsonl"
 
 log() { printf '[bench] %s\n' "$*" >&2; }
+
+# write_doc renders the markdown from the run's files in ${OUT}.
+write_doc() {
+	local doc="$1"
+	# shellcheck disable=SC1091
+	source "${OUT}/run.env"
+	mkdir -p "$(dirname "${doc}")"
+	go run ./test/bench/benchdoc \
+		-results "${INPLACED_BENCH_RESULTS}" -bench-output "${OUT}/bench.log" -load "${OUT}/load.txt" \
+		-started "${started}" -finished "${finished}" -commit "${commit}" -command "${command}" -out "${doc}"
+	log "wrote ${doc}"
+}
+
+if [[ -n "${BENCH_DOC_ONLY:-}" ]]; then
+	write_doc "${ROOT}/docs/benchmarks.md"
+	exit 0
+fi
 
 if [[ $(id -u) -ne 0 ]]; then
 	log "needs root (containerd, runc, CNI)"
@@ -84,16 +104,13 @@ fi
 kill "${load_pid}" 2>/dev/null || true
 finished="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- pkg cmd 2>/dev/null || echo '+changes')"
+printf 'started=%q\nfinished=%q\ncommit=%q\ncommand=%q\n' "${started}" "${finished}" "${commit}" "${cmd[*]}" >"${OUT}/run.env"
+
 doc="${ROOT}/docs/benchmarks.md"
 if ((rc != 0)); then
 	doc="${OUT}/benchmarks.md"
 	log "go test failed (exit ${rc}): writing ${doc}, docs/benchmarks.md left as it was"
 fi
-mkdir -p "$(dirname "${doc}")"
-go run ./test/bench/benchdoc \
-	-results "${INPLACED_BENCH_RESULTS}" -bench-output "${OUT}/bench.log" -load "${OUT}/load.txt" \
-	-started "${started}" -finished "${finished}" \
-	-commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- pkg cmd 2>/dev/null || echo '+changes')" \
-	-command "${cmd[*]}" -out "${doc}"
-log "wrote ${doc}"
+write_doc "${doc}"
 exit "${rc}"

@@ -149,8 +149,8 @@ func BenchmarkCRI(b *testing.B) {
 	})
 }
 
-// criPopulate creates criPods pods of criPerPod containers (the pause image
-// running sleep) directly on the backend and returns the container IDs.
+// criPopulate creates criPods pods of criPerPod containers (the test pause
+// image) directly on the backend and returns the container IDs.
 func criPopulate(b *testing.B, direct *harness.CRIClient, imgs harness.Images) []string {
 	b.Helper()
 	start := time.Now()

@@ -551,11 +551,11 @@ func (d *doc) populationNote() string {
 	for _, be := range d.backends {
 		for _, l := range d.latencies[be] {
 			if l.Method == "ListContainers" && l.Note != "" {
-				return "10 pods of 10 containers (" + l.Note + " in all, busybox `sleep`)"
+				return "10 pods of 10 containers (" + l.Note + " in all, each running the test pause image)"
 			}
 		}
 	}
-	return "10 pods of 10 containers (busybox `sleep`)"
+	return "10 pods of 10 containers (each running the test pause image)"
 }
 
 var methodTitle = map[string]string{
