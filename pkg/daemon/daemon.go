@@ -78,6 +78,9 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) (retErr error)
 		relay.WithInterceptors(ics.Table()),
 		relay.WithLogger(log.Named("relay")),
 	}
+	for m, g := range ics.Gates() {
+		opts = append(opts, relay.WithGate(m, g))
+	}
 	for m, f := range ics.StreamFilters() {
 		opts = append(opts, relay.WithStreamFilter(m, f))
 	}

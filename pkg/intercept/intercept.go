@@ -99,6 +99,17 @@ func (i *Interceptors) Table() relay.Table {
 	return t
 }
 
+// Gates returns, per read method, when its interceptor must run: only while
+// a swap holds a fence. The rest of the time the relay forwards kubelet's
+// relists without decoding or copying them.
+func (i *Interceptors) Gates() map[string]func() bool {
+	return map[string]func() bool{
+		runtimeapi.RuntimeService_ListContainers_FullMethodName:   i.fences.Active,
+		runtimeapi.RuntimeService_ContainerStatus_FullMethodName:  i.fences.Active,
+		runtimeapi.RuntimeService_PodSandboxStatus_FullMethodName: i.fences.Active,
+	}
+}
+
 // StreamFilters returns the stream filters for the relay.
 func (i *Interceptors) StreamFilters() map[string]relay.StreamFilter {
 	return map[string]relay.StreamFilter{

@@ -30,6 +30,7 @@ type Relay struct {
 	image   *grpc.ClientConn
 	table   Table
 	filters map[string]StreamFilter
+	gates   map[string]func() bool
 	unary   map[string]bool
 	log     *zap.Logger
 	debug   bool // the log wants every call, with the IDs decoded from it
@@ -60,9 +61,22 @@ func WithStreamFilter(method string, f StreamFilter) Option {
 	return func(r *Relay) { r.filters[method] = f }
 }
 
+// WithGate makes a method's interceptors apply only while active()
+// returns true; otherwise the call takes the pass-through path (gRPC's
+// buffers forwarded, no decode, no copy). It is how a read method that only
+// needs rewriting during a swap costs nothing the rest of the time.
+func WithGate(method string, active func() bool) Option {
+	return func(r *Relay) { r.gates[method] = active }
+}
+
+func (r *Relay) gatedOff(method string) bool {
+	g := r.gates[method]
+	return g != nil && !g()
+}
+
 // New returns a relay to the runtime backend conn.
 func New(runtime *grpc.ClientConn, opts ...Option) *Relay {
-	r := &Relay{runtime: runtime, table: Table{}, filters: map[string]StreamFilter{}, log: zap.NewNop(), drain: make(chan struct{})}
+	r := &Relay{runtime: runtime, table: Table{}, filters: map[string]StreamFilter{}, gates: map[string]func() bool{}, log: zap.NewNop(), drain: make(chan struct{})}
 	for _, o := range opts {
 		o(r)
 	}
@@ -137,7 +151,7 @@ func (r *Relay) handle(_ any, ss grpc.ServerStream) error {
 }
 
 func (r *Relay) handleUnary(ctx context.Context, method string, ss grpc.ServerStream) ([]byte, error) {
-	if len(r.table[method]) == 0 && !r.debug {
+	if (len(r.table[method]) == 0 || r.gatedOff(method)) && !r.debug {
 		return nil, r.passUnary(ctx, method, ss)
 	}
 	var in Frame

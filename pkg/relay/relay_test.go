@@ -73,7 +73,7 @@ type setup struct {
 	relay   *Relay
 }
 
-func start(t *testing.T, table Table) *setup {
+func start(t *testing.T, table Table, opts ...Option) *setup {
 	t.Helper()
 	dir := t.TempDir()
 	be := &fakeBackend{
@@ -99,7 +99,7 @@ func start(t *testing.T, table Table) *setup {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	r := New(conn, WithInterceptors(table))
+	r := New(conn, append([]Option{WithInterceptors(table)}, opts...)...)
 	pxSock := filepath.Join(dir, "px.sock")
 	pxLis, err := net.Listen("unix", pxSock)
 	if err != nil {
@@ -313,5 +313,37 @@ func TestTarget(t *testing.T) {
 		if (err != nil) != (want == "") || got != want {
 			t.Errorf("Target(%q) = %q, %v; want %q", in, got, err, want)
 		}
+	}
+}
+
+// TestGateSkipsInterceptor: a gated method's interceptor runs only while its
+// gate is open; closed, the call is forwarded untouched.
+func TestGateSkipsInterceptor(t *testing.T) {
+	method := runtimeapi.RuntimeService_ListContainers_FullMethodName
+	var calls int
+	table := Table{}
+	table.Add(method, func(ctx context.Context, req []byte, next Invoker) ([]byte, error) {
+		calls++
+		return next(ctx, req)
+	})
+	var open bool
+	s := start(t, table, WithGate(method, func() bool { return open }))
+	ctx := context.Background()
+	// The fake backend answers with a VersionResponse naming the method.
+	call := func() error {
+		return s.client.Invoke(ctx, method, &runtimeapi.ListContainersRequest{}, &runtimeapi.VersionResponse{})
+	}
+	if err := call(); err != nil {
+		t.Fatal(err)
+	}
+	if calls != 0 || s.backend.count(method) != 1 {
+		t.Fatalf("gate closed: interceptor ran %d times, backend saw %d calls", calls, s.backend.count(method))
+	}
+	open = true
+	if err := call(); err != nil {
+		t.Fatal(err)
+	}
+	if calls != 1 || s.backend.count(method) != 2 {
+		t.Fatalf("gate open: interceptor ran %d times, backend saw %d calls", calls, s.backend.count(method))
 	}
 }
