@@ -108,23 +108,34 @@ func (s *Store) each(bucket []byte, fn func(k string, v []byte) error) error {
 	})
 }
 
-// PutSandbox records the config a sandbox was created with.
-func (s *Store) PutSandbox(id string, req *runtimeapi.RunPodSandboxRequest) error {
-	b, err := proto.Marshal(req)
+func (s *Store) putProto(bucket []byte, key string, m proto.Message) error {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("encode %s %q: %w", bucket, key, err)
+	}
+	return s.put(bucket, key, b)
+}
+
+func (s *Store) getProto(bucket []byte, key string, m proto.Message) error {
+	b, err := s.get(bucket, key)
 	if err != nil {
 		return err
 	}
-	return s.put(bucketSandboxes, id, b)
+	return proto.Unmarshal(b, m)
+}
+
+// PutSandbox records the config a sandbox was created with.
+func (s *Store) PutSandbox(id string, req *runtimeapi.RunPodSandboxRequest) error {
+	return s.putProto(bucketSandboxes, id, req)
 }
 
 // Sandbox returns a recorded sandbox config.
 func (s *Store) Sandbox(id string) (*runtimeapi.RunPodSandboxRequest, error) {
-	b, err := s.get(bucketSandboxes, id)
-	if err != nil {
+	req := &runtimeapi.RunPodSandboxRequest{}
+	if err := s.getProto(bucketSandboxes, id, req); err != nil {
 		return nil, err
 	}
-	req := &runtimeapi.RunPodSandboxRequest{}
-	return req, proto.Unmarshal(b, req)
+	return req, nil
 }
 
 // DeleteSandbox drops a sandbox, the containers recorded in it and its
@@ -165,21 +176,16 @@ func (s *Store) DeleteSandbox(id string) error {
 
 // PutContainer records the request a container was created with.
 func (s *Store) PutContainer(id string, req *runtimeapi.CreateContainerRequest) error {
-	b, err := proto.Marshal(req)
-	if err != nil {
-		return err
-	}
-	return s.put(bucketContainers, id, b)
+	return s.putProto(bucketContainers, id, req)
 }
 
 // Container returns a recorded container create request.
 func (s *Store) Container(id string) (*runtimeapi.CreateContainerRequest, error) {
-	b, err := s.get(bucketContainers, id)
-	if err != nil {
+	req := &runtimeapi.CreateContainerRequest{}
+	if err := s.getProto(bucketContainers, id, req); err != nil {
 		return nil, err
 	}
-	req := &runtimeapi.CreateContainerRequest{}
-	return req, proto.Unmarshal(b, req)
+	return req, nil
 }
 
 // DeleteContainer drops a container's record.
