@@ -271,4 +271,3 @@ func shortID(id string) string {
 	}
 	return id
 }
-

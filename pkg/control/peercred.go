@@ -50,9 +50,11 @@ func (peerCreds) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, er
 func (peerCreds) ClientHandshake(_ context.Context, _ string, c net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	return c, AuthInfo{}, nil
 }
-func (peerCreds) Info() credentials.ProtocolInfo         { return credentials.ProtocolInfo{SecurityProtocol: "peercred"} }
+func (peerCreds) Info() credentials.ProtocolInfo {
+	return credentials.ProtocolInfo{SecurityProtocol: "peercred"}
+}
 func (p peerCreds) Clone() credentials.TransportCredentials { return p }
-func (peerCreds) OverrideServerName(string) error          { return nil }
+func (peerCreds) OverrideServerName(string) error           { return nil }
 
 // callerOf returns the peer's uid and pid, or -1s when unknown.
 func callerOf(ctx context.Context) (uid, pid int64) {

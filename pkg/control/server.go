@@ -138,4 +138,3 @@ func (s *Server) ListResizes(context.Context, *inplacedv1.ListResizesRequest) (*
 	}
 	return &inplacedv1.ListResizesResponse{Resizes: rs}, nil
 }
-

@@ -21,11 +21,11 @@ import (
 // fakeBackend is a gRPC server that accepts any method as raw frames: it
 // records what reached it and answers with a frame that names the method.
 type fakeBackend struct {
-	mu      sync.Mutex
-	calls   map[string]int
-	md      map[string]metadata.MD
-	hasDL   map[string]bool
-	reply   func(method string, req []byte) ([]byte, error)
+	mu        sync.Mutex
+	calls     map[string]int
+	md        map[string]metadata.MD
+	hasDL     map[string]bool
+	reply     func(method string, req []byte) ([]byte, error)
 	streamN   int             // frames a streaming call sends back
 	streaming map[string]bool // methods that answer with streamN frames
 }

@@ -20,11 +20,11 @@ import (
 
 // env is one backend with a proxy in front of it.
 type env struct {
-	ctrd  *harness.Containerd
-	px    *harness.Inplaced
-	cri   *harness.CRIClient // through the proxy
+	ctrd   *harness.Containerd
+	px     *harness.Inplaced
+	cri    *harness.CRIClient // through the proxy
 	direct *harness.CRIClient
-	imgs  harness.Images
+	imgs   harness.Images
 }
 
 func newEnv(t *testing.T, c *harness.Containerd, daemonEnv ...string) *env {
@@ -67,10 +67,10 @@ type pod struct {
 }
 
 type podOpts struct {
-	preStop     string // kubelet's preStopHandler annotation JSON
-	env         map[string]string
-	grace       int
-	restartCnt  int
+	preStop    string // kubelet's preStopHandler annotation JSON
+	env        map[string]string
+	grace      int
+	restartCnt int
 }
 
 func runPod(t *testing.T, cri *harness.CRIClient, name, image string, o podOpts) *pod {

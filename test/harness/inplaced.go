@@ -26,10 +26,10 @@ type Inplaced struct {
 	Backend       string // runtime endpoint
 	ExtraArgs     []string
 
-	tb     testing.TB
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
+	tb      testing.TB
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	exited  chan struct{}
 	waitErr error
 }
 
