@@ -24,6 +24,7 @@ deps:
 
 vet:
 	$(GO) vet ./...
+	@out=$$(gofmt -l cmd pkg test); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # make test: unit tests, the generated-code drift check, then e2e against a
 # private containerd 2.4 and containerd 1.6 (both), loopback registry and CNI,
