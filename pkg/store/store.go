@@ -231,68 +231,57 @@ func (s *Store) Journal() ([]*JournalEntry, error) {
 	return out, err
 }
 
-// PutSwap stores a swap record (history).
-func (s *Store) PutSwap(r *inplacedv1.SwapRecord) error {
-	b, err := proto.Marshal(r)
-	if err != nil {
+// putHistory stores a history record and trims the bucket.
+func (s *Store) putHistory(bucket []byte, id string, m proto.Message) error {
+	if err := s.putProto(bucket, id, m); err != nil {
 		return err
 	}
-	if err := s.put(bucketSwaps, r.Id, b); err != nil {
-		return err
-	}
-	return s.trim(bucketSwaps)
+	return s.trim(bucket)
 }
+
+// listHistory decodes every record of a history bucket, oldest first.
+func listHistory[T any, PT interface {
+	*T
+	proto.Message
+}](s *Store, bucket []byte, started func(PT) int64) ([]PT, error) {
+	var out []PT
+	err := s.each(bucket, func(k string, v []byte) error {
+		r := PT(new(T))
+		if err := proto.Unmarshal(v, r); err != nil {
+			return fmt.Errorf("decode %s %q: %w", bucket, k, err)
+		}
+		out = append(out, r)
+		return nil
+	})
+	sort.Slice(out, func(i, j int) bool { return started(out[i]) < started(out[j]) })
+	return out, err
+}
+
+// PutSwap stores a swap record (history).
+func (s *Store) PutSwap(r *inplacedv1.SwapRecord) error { return s.putHistory(bucketSwaps, r.Id, r) }
 
 // Swap returns one swap record.
 func (s *Store) Swap(id string) (*inplacedv1.SwapRecord, error) {
-	b, err := s.get(bucketSwaps, id)
-	if err != nil {
+	r := &inplacedv1.SwapRecord{}
+	if err := s.getProto(bucketSwaps, id, r); err != nil {
 		return nil, err
 	}
-	r := &inplacedv1.SwapRecord{}
-	return r, proto.Unmarshal(b, r)
+	return r, nil
 }
 
 // Swaps lists swap records, oldest first.
 func (s *Store) Swaps() ([]*inplacedv1.SwapRecord, error) {
-	var out []*inplacedv1.SwapRecord
-	err := s.each(bucketSwaps, func(_ string, v []byte) error {
-		r := &inplacedv1.SwapRecord{}
-		if err := proto.Unmarshal(v, r); err != nil {
-			return err
-		}
-		out = append(out, r)
-		return nil
-	})
-	sort.Slice(out, func(i, j int) bool { return out[i].StartedUnixNano < out[j].StartedUnixNano })
-	return out, err
+	return listHistory(s, bucketSwaps, (*inplacedv1.SwapRecord).GetStartedUnixNano)
 }
 
 // PutResize stores a resize record (history).
 func (s *Store) PutResize(r *inplacedv1.ResizeRecord) error {
-	b, err := proto.Marshal(r)
-	if err != nil {
-		return err
-	}
-	if err := s.put(bucketResizes, r.Id, b); err != nil {
-		return err
-	}
-	return s.trim(bucketResizes)
+	return s.putHistory(bucketResizes, r.Id, r)
 }
 
 // Resizes lists resize records, oldest first.
 func (s *Store) Resizes() ([]*inplacedv1.ResizeRecord, error) {
-	var out []*inplacedv1.ResizeRecord
-	err := s.each(bucketResizes, func(_ string, v []byte) error {
-		r := &inplacedv1.ResizeRecord{}
-		if err := proto.Unmarshal(v, r); err != nil {
-			return err
-		}
-		out = append(out, r)
-		return nil
-	})
-	sort.Slice(out, func(i, j int) bool { return out[i].StartedUnixNano < out[j].StartedUnixNano })
-	return out, err
+	return listHistory(s, bucketResizes, (*inplacedv1.ResizeRecord).GetStartedUnixNano)
 }
 
 // trim keeps the newest historyLimit records. IDs are time-ordered, so the
