@@ -18,7 +18,7 @@ PROTOC_GEN_GO_GRPC_VERSION="${PROTOC_GEN_GO_GRPC_VERSION:-v1.5.1}"
 
 TOOLS="${INPLACED_TOOLS:-/var/cache/inplaced/tools}"
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-APT_PACKAGES=(containerd runc containernetworking-plugins busybox-static skopeo protobuf-compiler iproute2 iptables)
+APT_PACKAGES=(containerd runc containernetworking-plugins busybox-static skopeo protobuf-compiler iproute2 iptables socat)
 
 log() { printf '[install-deps] %s\n' "$*" >&2; }
 

@@ -28,6 +28,8 @@ func Dial(endpoint string) (*grpc.ClientConn, error) {
 	conn, err := grpc.NewClient(target,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: bo, MinConnectTimeout: 2 * time.Second}),
+		grpc.WithStaticStreamWindowSize(streamWindow),
+		grpc.WithStaticConnWindowSize(connWindow),
 		grpc.WithDefaultCallOptions(
 			grpc.ForceCodecV2(codecV2{}),
 			grpc.MaxCallRecvMsgSize(MaxMsgSize),

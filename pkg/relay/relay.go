@@ -21,6 +21,19 @@ import (
 // ListContainers on a busy node must never be cut by the proxy first.
 const MaxMsgSize = 64 << 20
 
+// Flow-control windows of the caller-facing server and of the backend
+// client. gRPC's default window is dynamic: the receiver sizes it with a
+// BDP ping sent along with received data, which on a local socket is one
+// more write, read and wake-up per relayed call on each side of the proxy
+// (strace on a Version loop: 7.6 → 4.2 reads per call without it). Static
+// windows, large enough that a kubelet-sized ListContainers answer never
+// waits for a WINDOW_UPDATE, turn the pings off. A window is credit the
+// peer may use, not memory held.
+const (
+	streamWindow = 16 << 20
+	connWindow   = 32 << 20
+)
+
 // imageServicePrefix routes ImageService calls to the image backend.
 var imageServicePrefix = "/" + runtimeapi.ImageService_ServiceDesc.ServiceName + "/"
 
@@ -107,6 +120,8 @@ func (r *Relay) ServerOptions() []grpc.ServerOption {
 		grpc.ForceServerCodecV2(codecV2{}),
 		grpc.MaxRecvMsgSize(MaxMsgSize),
 		grpc.MaxSendMsgSize(MaxMsgSize),
+		grpc.StaticStreamWindowSize(streamWindow),
+		grpc.StaticConnWindowSize(connWindow),
 	}
 }
 

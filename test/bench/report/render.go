@@ -261,6 +261,42 @@ func (d *doc) header(b *strings.Builder) {
 type targetRow struct {
 	target, backend, measured string
 	ok                        bool
+	// floor marks a reference row: the target applied to a floor, to say
+	// whether any process on the path could meet it on this machine.
+	floor bool
+}
+
+// IsFloor tells the floors of BenchmarkCRI (byte relays that parse
+// nothing, measured as what any process on the path costs) from inplaced's
+// own variants.
+func IsFloor(variant string) bool { return strings.HasPrefix(variant, "floor: ") }
+
+// variantNames lists the variants of vs in their first-seen order.
+func variantNames(vs []*Latency) []string {
+	var out []string
+	for _, l := range vs {
+		if !slices.Contains(out, l.Variant) {
+			out = append(out, l.Variant)
+		}
+	}
+	return out
+}
+
+// variantAbout says what a BenchmarkCRI variant is.
+func variantAbout(v string) string {
+	switch {
+	case strings.HasPrefix(v, "GOMAXPROCS="):
+		return "a second inplaced started with `" + v + "`: the Go scheduler on one OS thread, so a call handed from goroutine to goroutine " +
+			"inside inplaced does not wake a second CPU. Not how inplaced is installed."
+	case strings.Contains(v, "socat"):
+		return "`socat -b 1048576 UNIX-LISTEN:… UNIX-CONNECT:<containerd>`: a C byte relay that copies between the two sockets and parses nothing " +
+			"(not a CRI proxy: it cannot see a method). A floor: no proxy on the path can cost less. CPU is not counted (socat forks a child per connection)."
+	case IsFloor(v):
+		return "`test/bench/floorrelay`: a Go byte relay, one goroutine per direction doing `io.Copy` between the two sockets, parsing nothing " +
+			"(not a CRI proxy: it cannot see a method). A floor: no proxy on the path can cost less."
+	default:
+		return "a variant of inplaced."
+	}
 }
 
 func (d *doc) targetRows() []targetRow {
@@ -302,6 +338,7 @@ func (d *doc) targetRows() []targetRow {
 				ok:       r <= TargetListRatio,
 			})
 		}
+		rows = append(rows, d.floorRows(be)...)
 		for _, img := range sortedKeys(d.downtimes[be]) {
 			ms := d.downtimes[be][img]
 			sw, kl, rc := ms[MethodSwap], ms[MethodKubelet], ms[MethodRecreate]
@@ -320,6 +357,62 @@ func (d *doc) targetRows() []targetRow {
 	return rows
 }
 
+// cheapestFloor is the floor of backend be that added least to method's
+// p50 at conc callers, or nil.
+func (d *doc) cheapestFloor(be, method string, conc int) *Latency {
+	var best *Latency
+	for _, l := range d.variants[be] {
+		if IsFloor(l.Variant) && l.Method == method && l.Concurrency == conc &&
+			(best == nil || l.Proxy.P50-l.Direct.P50 < best.Proxy.P50-best.Direct.P50) {
+			best = l
+		}
+	}
+	return best
+}
+
+// floorRows applies the per-call targets to each floor of backend be.
+func (d *doc) floorRows(be string) []targetRow {
+	var rows []targetRow
+	for _, v := range variantNames(d.variants[be]) {
+		if !IsFloor(v) {
+			continue
+		}
+		for _, conc := range []int{1, 16} {
+			var worst, list *Latency
+			pass, n := 0, 0
+			for _, l := range d.variants[be] {
+				if l.Variant != v || l.Concurrency != conc {
+					continue
+				}
+				n++
+				if time.Duration(l.Proxy.P50-l.Direct.P50) <= TargetAddedP50 {
+					pass++
+				}
+				if worst == nil || l.Proxy.P50-l.Direct.P50 > worst.Proxy.P50-worst.Direct.P50 {
+					worst = l
+				}
+				if l.Method == "ListContainers" {
+					list = l
+				}
+			}
+			if n == 0 {
+				continue
+			}
+			rows = append(rows, targetRow{floor: true, backend: be,
+				target:   fmt.Sprintf("reference, *%s*: p50 added ≤ %s, every call, %s", v, fmtDur(int64(TargetAddedP50)), callers(conc)),
+				measured: fmt.Sprintf("%d of %d calls within; largest: %s +%s", pass, n, worst.Method, fmtDur(worst.Proxy.P50-worst.Direct.P50)),
+				ok:       pass == n})
+			if list != nil {
+				r := ratio(float64(list.Proxy.P50), float64(list.Direct.P50))
+				rows = append(rows, targetRow{floor: true, backend: be,
+					target:   fmt.Sprintf("reference, *%s*: ListContainers p50 ≤ %.2f× direct, %s", v, TargetListRatio, callers(conc)),
+					measured: fmtRatio(r), ok: r <= TargetListRatio})
+			}
+		}
+	}
+	return rows
+}
+
 func (d *doc) targets(b *strings.Builder) {
 	rows := d.targetRows()
 	if len(rows) == 0 {
@@ -327,9 +420,21 @@ func (d *doc) targets(b *strings.Builder) {
 	}
 	fmt.Fprintf(b, "## Targets\n\n| Target | Backend | Measured | Result |\n|---|---|---|---|\n")
 	for _, r := range rows {
-		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", r.target, r.backend, r.measured, verdict(r.ok))
+		v := verdict(r.ok)
+		if r.floor {
+			v = "met by the floor"
+			if !r.ok {
+				v = "not met even by the floor"
+			}
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", r.target, r.backend, r.measured, v)
 	}
 	b.WriteString("\n")
+	if slices.ContainsFunc(rows, func(r targetRow) bool { return r.floor }) {
+		fmt.Fprintf(b, "The *reference* rows apply the per-call targets to the floors measured in the same rounds: byte relays that only copy "+
+			"between the caller's socket and containerd's (section 1). A target the floor does not meet cannot be met by any process "+
+			"between kubelet and containerd on this machine, inplaced or other.\n\n")
+	}
 }
 
 func (d *doc) latency(b *strings.Builder) {
@@ -370,11 +475,13 @@ func (d *doc) latency(b *strings.Builder) {
 		}
 		b.WriteString("\n")
 		if vs := d.variants[be]; len(vs) > 0 {
-			fmt.Fprintf(b, "The same cells, measured in the same rounds (so against the same direct samples), through a second inplaced "+
-				"in front of the same containerd, started with `%s` — the Go scheduler on one OS thread, so a call handed from "+
-				"goroutine to goroutine inside inplaced does not wake a second CPU. Not how inplaced is installed; the targets above are judged on the default.\n\n", vs[0].Variant)
-			fmt.Fprintf(b, "| Call | Callers | Direct p50 | Proxy p50 | Added p50 | p50 ratio | Direct p99 | Proxy p99 | p99 ratio | inplaced CPU per call |\n")
-			fmt.Fprintf(b, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+			fmt.Fprintf(b, "The same cells, measured in the same rounds (so against the same direct samples), through other processes in front of the same containerd:\n\n")
+			for _, v := range variantNames(vs) {
+				fmt.Fprintf(b, "- *%s*: %s\n", v, variantAbout(v))
+			}
+			fmt.Fprintf(b, "\nThe targets above are judged on inplaced as installed.\n\n")
+			fmt.Fprintf(b, "| Call | Callers | Path | Direct p50 | Path p50 | Added p50 | p50 ratio | Direct p99 | Path p99 | p99 ratio | CPU per call |\n")
+			fmt.Fprintf(b, "|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 			for _, l := range vs {
 				name := l.Method
 				if l.Note != "" {
@@ -384,7 +491,7 @@ func (d *doc) latency(b *strings.Builder) {
 				if l.ProxyCPUPerCall > 0 {
 					cpu = fmtDur(l.ProxyCPUPerCall)
 				}
-				fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", name, l.Concurrency,
+				fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name, l.Concurrency, l.Variant,
 					fmtDur(l.Direct.P50), fmtDur(l.Proxy.P50), fmtDur(l.Proxy.P50-l.Direct.P50), fmtRatio(ratio(float64(l.Proxy.P50), float64(l.Direct.P50))),
 					fmtDur(l.Direct.P99), fmtDur(l.Proxy.P99), fmtRatio(ratio(float64(l.Proxy.P99), float64(l.Direct.P99))), cpu)
 			}
@@ -458,6 +565,12 @@ func (d *doc) dominates(b *strings.Builder) {
 			line += fmt.Sprintf(" The top symbol, `pvm_irq_enable` (%.0f%%), is where this paravirtualized (PVM) guest kernel re-enables interrupts: "+
 				"samples that fall while the kernel runs with interrupts off — system call entry and exit, context switches — are counted there. "+
 				"That kernel work, paid on every system call and context switch, not the relay's own work, is where the added time goes.", p.Top[0].Percent)
+		}
+		if f := d.cheapestFloor(be, "Version", 1); f != nil {
+			fa, ia := f.Proxy.P50-f.Direct.P50, v.Proxy.P50-v.Direct.P50
+			line += fmt.Sprintf(" In the same rounds the cheapest floor (*%s*, a relay that only copies bytes) added %s to the same call: "+
+				"that much is the price of one more process on the path on this machine, whatever it does; the other %s is inplaced's "+
+				"gRPC server and client (HTTP/2 framing, flow control, hand-offs between their goroutines).", f.Variant, fmtDur(fa), fmtDur(ia-fa))
 		}
 		lines = append(lines, line)
 	}

@@ -1,0 +1,79 @@
+package bench
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/inplaced/inplaced/test/harness"
+)
+
+// The floors BenchmarkCRI measures beside inplaced: byte relays that copy
+// between the caller's socket and containerd's without parsing anything.
+// No CRI proxy can be cheaper than the cheapest of them, since it has the
+// same two sockets to read and write and must also find the method in the
+// HTTP/2 stream; what a floor adds over direct is what the machine charges
+// for one more process on the path.
+const (
+	criFloorGo    = "floor: Go byte relay"
+	criFloorSocat = "floor: socat -b 1 MiB"
+)
+
+// startFloors starts each floor in front of the backend socket and returns
+// them as paths to measure. socat is measured when installed
+// (hack/install-deps.sh installs it).
+func startFloors(b *testing.B, backendSocket string) []criProxy {
+	b.Helper()
+	dir := b.TempDir()
+	floorBin := filepath.Join(dir, "floorrelay")
+	// go test runs in the package's directory.
+	if out, err := exec.Command("go", "build", "-o", floorBin, "./floorrelay").CombinedOutput(); err != nil {
+		b.Fatalf("go build ./test/bench/floorrelay: %v\n%s", err, out)
+	}
+	goSock := filepath.Join(dir, "floor-go.sock")
+	out := []criProxy{startFloor(b, criFloorGo, goSock, floorBin, goSock, backendSocket)}
+	if socat, err := exec.LookPath("socat"); err == nil {
+		sock := filepath.Join(dir, "floor-socat.sock")
+		// -b: a 1 MiB transfer block, so a large ListContainers answer
+		// passes in few reads (the default of 8 KiB costs it more).
+		out = append(out, startFloor(b, criFloorSocat, sock, socat, "-b", "1048576",
+			"UNIX-LISTEN:"+sock+",fork,mode=600", "UNIX-CONNECT:"+backendSocket))
+	} else {
+		b.Logf("socat not installed: measuring the Go floor only")
+	}
+	return out
+}
+
+// startFloor runs argv in a process group of its own (socat forks a child
+// per connection), waits for sock and dials it.
+func startFloor(b *testing.B, variant, sock string, argv ...string) criProxy {
+	b.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("%s: %v", variant, err)
+	}
+	b.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%s: %s did not appear", variant, sock)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	pid := cmd.Process.Pid
+	if variant == criFloorSocat {
+		pid = 0 // the relaying is done by a forked child
+	}
+	return criProxy{variant: variant, pid: pid, cri: harness.DialCRI(b, "unix://"+sock)}
+}
