@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what inplaced's tests need, and skips whatever is already there:
 #   - Debian packages: containerd (1.6), runc, CNI plugins, busybox-static,
-#     skopeo, protoc, iproute2, iptables;
+#     skopeo, protoc, iproute2, iptables, socat (a floor in make bench);
 #   - pinned Go tools under ${INPLACED_TOOLS:-/var/cache/inplaced/tools}:
 #       containerd-v2.4.2/bin/{containerd,containerd-shim-runc-v2}
 #       bin/{crictl,critest,protoc-gen-go,protoc-gen-go-grpc}
