@@ -41,6 +41,10 @@ func benchBackends(b *testing.B, fn func(b *testing.B, c *harness.Containerd)) {
 	backends := harness.BackendsFromEnv()
 	harness.Require(b, "a containerd backend", len(backends) > 0, "no containerd found; run hack/install-deps.sh")
 	reg := harness.StartRegistry(b)
+	benchLinks = nil
+	for _, l := range replaceLinks {
+		benchLinks = append(benchLinks, benchLink{name: l.name, addr: reg.StartLink(b, l.bitsPerSec)})
+	}
 	for _, be := range backends {
 		b.Run(string(be), func(b *testing.B) {
 			c := harness.StartContainerd(b, be, reg)
@@ -49,6 +53,14 @@ func benchBackends(b *testing.B, fn func(b *testing.B, c *harness.Containerd)) {
 		})
 	}
 }
+
+// benchLink is a registry link (harness.Registry.StartLink) of this run.
+type benchLink struct{ name, addr string }
+
+// benchLinks are the links benchBackends started, for the benchmarks that
+// pull over them; the backends' containerd pull from them like from the
+// registry itself.
+var benchLinks []benchLink
 
 // startBenchProxy starts inplaced in front of endpoint as a node runs it:
 // the harness starts it at debug level, which logs every RPC and decodes

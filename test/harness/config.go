@@ -14,6 +14,9 @@ type configData struct {
 	Dir, Socket, Registry, Pause, CNIConfDir, CertsDir string
 	StreamPort                                         int
 	Mirrors                                            []string
+	// Links are registry hosts that serve themselves over plain HTTP
+	// (Registry.StartLink).
+	Links []string
 }
 
 // containerd 1.6 reads the version 2 format.
@@ -54,6 +57,10 @@ state = "{{.Dir}}/state"
 {{- range .Mirrors}}
   [plugins."io.containerd.grpc.v1.cri".registry.mirrors."{{.}}"]
     endpoint = ["http://{{$.Registry}}"]
+{{- end}}
+{{- range .Links}}
+  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."{{.}}"]
+    endpoint = ["http://{{.}}"]
 {{- end}}
 `))
 
@@ -122,6 +129,7 @@ func (c *Containerd) writeConfig() error {
 		CertsDir:   filepath.Join(c.Dir, "certs.d"),
 		StreamPort: c.StreamPort,
 		Mirrors:    c.Mirrors,
+		Links:      c.Registry.Links(),
 	}
 	tmpl := config2
 	if c.Backend == Containerd16 {
@@ -135,13 +143,21 @@ func (c *Containerd) writeConfig() error {
 		return err
 	}
 
-	// 2.x: one hosts dir per registry host, all served by the harness registry.
-	for _, host := range append([]string{c.Registry.Addr}, c.Mirrors...) {
+	// 2.x: one hosts dir per registry host, all served by the harness
+	// registry (a link by its own address).
+	endpoints := map[string]string{c.Registry.Addr: c.Registry.Addr}
+	for _, m := range c.Mirrors {
+		endpoints[m] = c.Registry.Addr
+	}
+	for _, l := range d.Links {
+		endpoints[l] = l
+	}
+	for host, endpoint := range endpoints {
 		hostsDir := filepath.Join(d.CertsDir, host)
 		if err := os.MkdirAll(hostsDir, 0o755); err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(hostsDir, "hosts.toml"), fmt.Appendf(nil, hostsTOML, c.Registry.Addr), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(hostsDir, "hosts.toml"), fmt.Appendf(nil, hostsTOML, endpoint), 0o644); err != nil {
 			return err
 		}
 	}

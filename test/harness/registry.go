@@ -25,6 +25,7 @@ type Registry struct {
 
 	mu     sync.Mutex
 	images *Images
+	links  []string // StartLink
 }
 
 // StartRegistry starts a registry on 127.0.0.1 with a free port; tb.Cleanup
