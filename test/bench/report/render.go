@@ -264,6 +264,9 @@ type targetRow struct {
 	// floor marks a reference row: the target applied to a floor, to say
 	// whether any process on the path could meet it on this machine.
 	floor bool
+	// link marks a reference row: the swap target with the large image
+	// pulled over a paced link instead of loopback.
+	link bool
 }
 
 // IsFloor tells the floors of BenchmarkCRI (byte relays that parse
@@ -346,6 +349,13 @@ func (d *doc) targetRows() []targetRow {
 				r := ratio(float64(Median(sw.Samples)), float64(Median(rc.Samples)))
 				rows = append(rows, targetRow{target: fmt.Sprintf("swap downtime ≤ %.1f× pod recreation (%s)", TargetSwapVsRecreate, img),
 					backend: be, measured: fmtRatio(r), ok: r <= TargetSwapVsRecreate})
+			}
+			if strings.HasPrefix(img, "Large over ") && sw != nil && kl != nil {
+				r := ratio(float64(Median(sw.Samples)), float64(Median(kl.Samples)))
+				rows = append(rows, targetRow{link: true, backend: be,
+					target:   fmt.Sprintf("reference, *%s*: swap downtime ≤ %.1f× kubelet-style replacement", img, TargetLargeSwapVsKubelet),
+					measured: fmt.Sprintf("%s (%s ÷ %s)", fmtRatio(r), fmtDur(Median(sw.Samples)), fmtDur(Median(kl.Samples))),
+					ok:       r <= TargetLargeSwapVsKubelet})
 			}
 			if img == "Large" && sw != nil && kl != nil {
 				r := ratio(float64(Median(sw.Samples)), float64(Median(kl.Samples)))
@@ -439,6 +449,12 @@ func (d *doc) targets(b *strings.Builder) {
 	fmt.Fprintf(b, "## Targets\n\n| Target | Backend | Measured | Result |\n|---|---|---|---|\n")
 	for _, r := range rows {
 		v := verdict(r.ok)
+		if r.link {
+			v = "met over this link"
+			if !r.ok {
+				v = "not met over this link"
+			}
+		}
 		if r.floor {
 			v = "met by the floor"
 			if !r.ok {
@@ -454,6 +470,10 @@ func (d *doc) targets(b *strings.Builder) {
 			"between kubelet and containerd on this machine, inplaced or other. Swap: one StartContainer of the new container, the kubelet-style "+
 			"path's own start step (section 2): a replacement that stops the old container before it starts the new one, as it must when both "+
 			"would share the pod's ports and volumes, cannot have less downtime than that start.\n\n")
+	}
+	if slices.ContainsFunc(rows, func(r targetRow) bool { return r.link }) {
+		fmt.Fprintf(b, "The *Large over …* rows pull the same image over a paced registry link instead of loopback (section 2): "+
+			"what a node on such a network sees. They are not how the targets are judged.\n\n")
 	}
 }
 
