@@ -306,20 +306,7 @@ func (d *doc) targetRows() []targetRow {
 	var rows []targetRow
 	for _, be := range d.backends {
 		for _, conc := range []int{1, 16} {
-			var worst *Latency
-			pass, n := 0, 0
-			for _, l := range d.latencies[be] {
-				if l.Concurrency != conc {
-					continue
-				}
-				n++
-				if time.Duration(l.Proxy.P50-l.Direct.P50) <= TargetAddedP50 {
-					pass++
-				}
-				if worst == nil || l.Proxy.P50-l.Direct.P50 > worst.Proxy.P50-worst.Direct.P50 {
-					worst = l
-				}
-			}
+			pass, n, worst := addedWithin(d.latencies[be], "", conc)
 			if n > 0 {
 				rows = append(rows, targetRow{
 					target:   fmt.Sprintf("p50 added ≤ %s, every call, %s", fmtDur(int64(TargetAddedP50)), callers(conc)),
@@ -398,6 +385,25 @@ func (d *doc) cheapestFloor(be, method string, conc int) *Latency {
 	return best
 }
 
+// addedWithin counts the cells of variant at conc callers among ls, how
+// many of them add at most TargetAddedP50 to the p50, and the one that adds
+// most.
+func addedWithin(ls []*Latency, variant string, conc int) (pass, n int, worst *Latency) {
+	for _, l := range ls {
+		if l.Variant != variant || l.Concurrency != conc {
+			continue
+		}
+		n++
+		if time.Duration(l.Proxy.P50-l.Direct.P50) <= TargetAddedP50 {
+			pass++
+		}
+		if worst == nil || l.Proxy.P50-l.Direct.P50 > worst.Proxy.P50-worst.Direct.P50 {
+			worst = l
+		}
+	}
+	return pass, n, worst
+}
+
 // floorRows applies the per-call targets to each floor of backend be.
 func (d *doc) floorRows(be string) []targetRow {
 	var rows []targetRow
@@ -406,20 +412,10 @@ func (d *doc) floorRows(be string) []targetRow {
 			continue
 		}
 		for _, conc := range []int{1, 16} {
-			var worst, list *Latency
-			pass, n := 0, 0
+			pass, n, worst := addedWithin(d.variants[be], v, conc)
+			var list *Latency
 			for _, l := range d.variants[be] {
-				if l.Variant != v || l.Concurrency != conc {
-					continue
-				}
-				n++
-				if time.Duration(l.Proxy.P50-l.Direct.P50) <= TargetAddedP50 {
-					pass++
-				}
-				if worst == nil || l.Proxy.P50-l.Direct.P50 > worst.Proxy.P50-worst.Direct.P50 {
-					worst = l
-				}
-				if l.Method == "ListContainers" {
+				if l.Variant == v && l.Concurrency == conc && l.Method == "ListContainers" {
 					list = l
 				}
 			}
