@@ -4,20 +4,23 @@ SHELL := /bin/bash
 GO ?= go
 OUT := $(CURDIR)/_output
 BIN := $(OUT)/bin
+# Caches (each overridable; hack/install-deps.sh lists them, with Go's and apt's).
 export INPLACED_TOOLS ?= /var/cache/inplaced/tools
+export INPLACED_VM_CACHE ?= /var/cache/inplaced/vm
 export INPLACED_BIN := $(BIN)
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/inplaced/inplaced/pkg/version.Version=$(VERSION) -X github.com/inplaced/inplaced/pkg/version.Commit=$(COMMIT)
 E2E_TIMEOUT ?= 60m
 
-.PHONY: all build deps test test-unit test-e2e test-compat conformance bench demo proto proto-check vet clean
+.PHONY: all build deps test test-unit test-e2e test-node test-compat conformance bench demo docs docs-check proto proto-check vet clean
 
 all: build
 
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/inplaced ./cmd/inplaced
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/inplacectl ./cmd/inplacectl
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/kubectl-inplace ./cmd/kubectl-inplace
 
 deps:
 	hack/install-deps.sh
@@ -28,15 +31,25 @@ vet:
 
 # make test: unit tests, the generated-code drift check, then e2e against a
 # private containerd 2.4 and containerd 1.6 (both), loopback registry and CNI,
-# and a real kubelet for the coherence tests.
-test: deps build proto-check vet test-unit test-e2e
+# and a real kubelet for the coherence tests, then the node guest.
+test: deps build proto-check vet test-unit test-e2e test-node
 
 test-unit:
 	$(GO) test -count=1 -race ./pkg/... ./cmd/...
 
 test-e2e: build
 	INPLACED_WITH_KUBELET=1 hack/install-deps.sh --no-apt
-	$(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v ./test/... 2>&1 | tee $(OUT)/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic|\s+\S+_test.go)' ; exit $${PIPESTATUS[0]}
+	$(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v ./test/... 2>&1 | tee $(OUT)/e2e.log | grep -E '^(=== RUN|\s*--- (FAIL|SKIP)|--- |PASS|FAIL|ok|panic|\s+\S+\.go:[0-9]+:)' ; rc=$${PIPESTATUS[0]}; [ $$rc = 0 ] || hack/fail-excerpt.sh $(OUT)/e2e.log; exit $$rc
+
+# The node guest (docs/node.md): Debian 12 under QEMU (TCG) with systemd as
+# PID 1, cgroup v2, containerd with SystemdCgroup = true and kubelet with the
+# systemd cgroup driver; inplaced installed as the README says. The image is
+# built once by hack/vm/build-image.sh and cached under $(INPLACED_VM_CACHE).
+# The guest's output and console stay in _output/node-*.log.
+NODE_TIMEOUT ?= 45m
+test-node: build
+	INPLACED_WITH_KUBELET=1 hack/install-deps.sh --no-apt
+	INPLACED_NODE=1 INPLACED_NODE_LOG_DIR=$(OUT) $(GO) test -count=1 -timeout $(NODE_TIMEOUT) -v ./test/node/ 2>&1 | tee $(OUT)/node.log | grep -E '^(guest\| )?(=== RUN|\s*--- (FAIL|SKIP)|--- |PASS|FAIL|ok|panic|\[node\]|\s+\S+\.go:[0-9]+:)' ; rc=$${PIPESTATUS[0]}; [ $$rc = 0 ] || hack/fail-excerpt.sh $(OUT)/node.log; exit $$rc
 
 # The same e2e suite against Debian's containerd 1.6 only.
 test-compat: deps build
@@ -53,6 +66,16 @@ demo: deps build
 
 proto:
 	hack/gen-proto.sh
+
+# docs/*.dot → docs/*.svg (Graphviz from Debian); docs-check fails when a
+# committed SVG is not what its source renders to. Not part of make test:
+# Graphviz's output depends on its version and the fonts installed, which a
+# fresh CI machine need not share with the one that rendered it.
+docs:
+	hack/render-docs.sh
+
+docs-check:
+	@hack/render-docs.sh --check
 
 # Regenerates into a scratch copy and fails when the committed code differs.
 proto-check:

@@ -3,7 +3,19 @@
 # containerd instances of every backend in $INPLACED_BACKENDS, default both)
 # and writes docs/benchmarks.md from what they measured.
 #
-#   BENCH=regexp       which benchmarks (go test -bench), default "."
+#   BENCH=regexp       which benchmarks (go test -bench), default "."; with
+#                      any other value docs/benchmarks.md is left as it is
+#                      (a partial run would wipe its other sections) and the
+#                      markdown goes to $BENCH_OUT/benchmarks.md. Benchmarks
+#                      with a document of their own write it in any case:
+#                      BenchmarkKubePatch $INPLACED_BENCH_KUBE_DOC
+#                      (docs/benchmarks-kubernetes.md), BenchmarkKubeletLoad
+#                      $INPLACED_BENCH_LOAD_DOC (docs/benchmarks-kubelet-load.md;
+#                      its window: INPLACED_BENCH_LOAD_MINUTES, default 10).
+#                      Both start a kubelet: on a shared machine run them
+#                      under flock /run/inplaced-kubelet-e2e.lock
+#   BENCH_TIMEOUT=120m go test -timeout (BenchmarkKubeletLoad alone takes
+#                      ~15 min per backend)
 #   BENCHTIME=1s       go test -benchtime; the benchmarks also have minimums
 #                      of their own (2000 calls per path and cell, 5
 #                      repetitions per replacement method: INPLACED_BENCH_REPS)
@@ -11,7 +23,17 @@
 #                      (default _output/bench)
 #   BENCH_DOC_ONLY=1   write the markdown again from the last run's files in
 #                      BENCH_OUT (after a change to benchdoc's wording), no
-#                      benchmark run
+#                      benchmark run: docs/benchmarks.md (only from a full
+#                      run) and $INPLACED_BENCH_LOAD_DOC (from
+#                      BenchmarkKubeletLoad's records, with this script's
+#                      load samples)
+#   BENCH_QUIET_LOAD=1.0  wait before starting until the 1-minute load average
+#                      is at most this (the machine is shared: figures taken
+#                      under other work's load say little) ...
+#   BENCH_QUIET_WAIT=600  ... for at most this many seconds, then run anyway;
+#                      the document says whether the machine got quiet, and
+#                      each verdict drawn from a cell measured under load is
+#                      marked unreliable (test/bench/report/hygiene.go)
 #   RELAY_AB=commit    also run BenchmarkRelay (in process, no containerd)
 #                      built with pkg/relay of that commit and of this tree
 #                      (the same benchmark code), alternately RELAY_AB_RUNS
@@ -30,6 +52,8 @@ BENCHTIME="${BENCHTIME:-1s}"
 OUT="${BENCH_OUT:-${ROOT}/_output/bench}"
 export INPLACED_BIN="${INPLACED_BIN:-${ROOT}/_output/bin}"
 export INPLACED_BENCH_RESULTS="${OUT}/results.jsonl"
+export INPLACED_BENCH_KUBE_DOC="${INPLACED_BENCH_KUBE_DOC:-${ROOT}/docs/benchmarks-kubernetes.md}" # BenchmarkKubePatch writes it
+export INPLACED_BENCH_LOAD_DOC="${INPLACED_BENCH_LOAD_DOC:-${ROOT}/docs/benchmarks-kubelet-load.md}" # BenchmarkKubeletLoad writes it
 
 log() { printf '[bench] %s\n' "$*" >&2; }
 
@@ -41,12 +65,20 @@ write_doc() {
 	mkdir -p "$(dirname "${doc}")"
 	go run ./test/bench/benchdoc \
 		-results "${INPLACED_BENCH_RESULTS}" -bench-output "${OUT}/bench.log" -load "${OUT}/load.txt" \
-		-started "${started}" -finished "${finished}" -commit "${commit}" -command "${command}" -out "${doc}"
+		-started "${started}" -finished "${finished}" -commit "${commit}" -command "${command}" -quiet "${quietnote:-}" -out "${doc}" "${@:2}"
 	log "wrote ${doc}"
 }
 
 if [[ -n "${BENCH_DOC_ONLY:-}" ]]; then
-	write_doc "${ROOT}/docs/benchmarks.md"
+	# shellcheck disable=SC1091
+	source "${OUT}/run.env"
+	doc="${ROOT}/docs/benchmarks.md"
+	if [[ "${command}" != *"-bench . "* ]]; then
+		doc="${OUT}/benchmarks.md" # a partial run: docs/benchmarks.md stays
+	fi
+	# BenchmarkKubeletLoad's document too, if the run has its records.
+	write_doc "${doc}" -kubelet-load-out "${INPLACED_BENCH_LOAD_DOC}"
+	log "${INPLACED_BENCH_LOAD_DOC} rendered again if the run measured BenchmarkKubeletLoad"
 	exit 0
 fi
 
@@ -84,18 +116,45 @@ relay_ab() {
 
 mkdir -p "${OUT}"
 rm -f "${INPLACED_BENCH_RESULTS}" "${OUT}/load.txt" "${OUT}/relay-ab.log"
+
+# Wait (bounded) for a quiet machine: the 1-minute load average at most
+# BENCH_QUIET_LOAD.
+quiet_load="${BENCH_QUIET_LOAD:-1.0}"
+quiet_wait="${BENCH_QUIET_WAIT:-600}"
+wait_start=$(date +%s)
+load_before="$(cut -d' ' -f1 /proc/loadavg)"
+quiet=0
+while :; do
+	load_now="$(cut -d' ' -f1 /proc/loadavg)"
+	if awk -v l="${load_now}" -v q="${quiet_load}" 'BEGIN { exit !(l <= q) }'; then
+		quiet=1
+		break
+	fi
+	if (($(date +%s) - wait_start >= quiet_wait)); then
+		break
+	fi
+	log "waiting for a quiet machine: 1-min load ${load_now} > ${quiet_load} ($(($(date +%s) - wait_start)) s of at most ${quiet_wait} s)"
+	sleep 10
+done
+waited=$(($(date +%s) - wait_start))
+if ((quiet)); then
+	log "machine quiet (1-min load ${load_now}) after ${waited} s"
+else
+	log "machine still busy after ${waited} s (1-min load ${load_now}): running anyway; verdicts taken under load are marked unreliable"
+fi
 started="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 
-# The machine's load, every 5 s, so the document can say how quiet it was.
-(while :; do cat /proc/loadavg; sleep 5; done) >"${OUT}/load.txt" 2>/dev/null &
+# The machine's load and run queue, every 5 s, so the document can say how
+# quiet it was (each cell also records its own: report.Conditions).
+(while :; do printf '%s %s\n' "$(cat /proc/loadavg)" "$(grep procs_running /proc/stat)"; sleep 5; done) >"${OUT}/load.txt" 2>/dev/null &
 load_pid=$!
 trap 'kill "${load_pid}" 2>/dev/null || true' EXIT
 
-cmd=(go test -run '^$' -bench "${BENCH}" -benchtime "${BENCHTIME}" -timeout 45m ./test/bench/)
+cmd=(go test -run '^$' -bench "${BENCH}" -benchtime "${BENCHTIME}" -timeout "${BENCH_TIMEOUT:-120m}" ./test/bench/)
 log "${cmd[*]} (log: ${OUT}/bench.log)"
 set +e
 "${cmd[@]}" 2>&1 | tee "${OUT}/bench.log" |
-	grep --line-buffered -E '^(Benchmark|--- |PASS|FAIL|ok|panic)|^\s+(cri|replace|resize|relay|env)_(bench_)?test\.go:'
+	grep --line-buffered -E '^(Benchmark|--- |PASS|FAIL|ok|panic)|^\s+(cri|replace|resize|relay|env|kube|kubeletload)_(bench_)?test\.go:'
 rc=${PIPESTATUS[0]}
 set -e
 if ((rc == 0)) && [[ -n "${RELAY_AB:-}" ]]; then
@@ -105,12 +164,16 @@ kill "${load_pid}" 2>/dev/null || true
 finished="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- pkg cmd 2>/dev/null || echo '+changes')"
-printf 'started=%q\nfinished=%q\ncommit=%q\ncommand=%q\n' "${started}" "${finished}" "${commit}" "${cmd[*]}" >"${OUT}/run.env"
+printf 'started=%q\nfinished=%q\ncommit=%q\ncommand=%q\nquietnote=%q\n' "${started}" "${finished}" "${commit}" "${cmd[*]}" \
+	"waited ${waited} s of at most ${quiet_wait} s for a 1-min load ≤ ${quiet_load}: $( ((quiet)) && echo "reached (${load_now})" || echo "not reached (${load_now}; ${load_before} when make bench began)")" >"${OUT}/run.env"
 
 doc="${ROOT}/docs/benchmarks.md"
 if ((rc != 0)); then
 	doc="${OUT}/benchmarks.md"
 	log "go test failed (exit ${rc}): writing ${doc}, docs/benchmarks.md left as it was"
+elif [[ "${BENCH}" != "." ]]; then
+	doc="${OUT}/benchmarks.md"
+	log "BENCH=${BENCH} is a partial run: writing ${doc}, docs/benchmarks.md left as it was"
 fi
 write_doc "${doc}"
 exit "${rc}"

@@ -6,6 +6,12 @@ TOOLS=${INPLACED_TOOLS:-/var/cache/inplaced/tools}
 GEN_GO=v1.36.12
 GEN_GRPC=v1.5.1
 bin="$TOOLS/protoc-gen/$GEN_GO-$GEN_GRPC"
+# hack/install-deps.sh (run first by make test) builds the same pins into
+# $TOOLS/bin: use those rather than build them a second time.
+if [ "$(cat "$TOOLS/bin/.protoc-gen-go.version" 2>/dev/null)" = "$GEN_GO" ] && [ -x "$TOOLS/bin/protoc-gen-go" ] &&
+  [ "$(cat "$TOOLS/bin/.protoc-gen-go-grpc.version" 2>/dev/null)" = "$GEN_GRPC" ] && [ -x "$TOOLS/bin/protoc-gen-go-grpc" ]; then
+  bin="$TOOLS/bin"
+fi
 if [ ! -x "$bin/protoc-gen-go" ] || [ ! -x "$bin/protoc-gen-go-grpc" ]; then
   mkdir -p "$bin"
   GOBIN="$bin" go install google.golang.org/protobuf/cmd/protoc-gen-go@$GEN_GO

@@ -48,15 +48,15 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.PersistentFlags().StringVar(&g.socket, "control-socket", defaultControlSocket, "inplaced control API socket")
-	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table or json")
-	root.AddCommand(newSwapCommand(g), newSwapsCommand(g), newRevertCommand(g), newOverridesCommand(g),
-		newResizeCommand(g), newResizesCommand(g))
+	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table, json or yaml")
+	root.AddCommand(newSwapCommand(g), newCheckCommand(g), newSwapsCommand(g), newRevertCommand(g), newOverridesCommand(g),
+		newResizeCommand(g), newResizesCommand(g), newPsCommand(g), newWatchCommand(g), newPrepullCommand(g))
 	return root
 }
 
 func (g *globals) client() (inplacedv1.ControlClient, func(), error) {
-	if g.output != "table" && g.output != "json" {
-		return nil, nil, fmt.Errorf("-o %q: want table or json", g.output)
+	if g.output != "table" && g.output != "json" && g.output != "yaml" {
+		return nil, nil, fmt.Errorf("-o %q: want table, json or yaml", g.output)
 	}
 	if _, err := os.Stat(g.socket); err != nil {
 		return nil, nil, fmt.Errorf("control socket %s: %w (is inplaced running? set --control-socket)", g.socket, err)

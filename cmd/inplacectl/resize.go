@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/yaml"
 
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
@@ -73,16 +74,16 @@ func newResizeCommand(g *globals) *cobra.Command {
 				// A refused or failed resize carries its record: show what
 				// is in effect, then fail with the daemon's status.
 				if rec := resizeRecordOf(err); rec != nil {
-					if g.output == "json" {
-						_ = printJSON(cmd.OutOrStdout(), rec)
+					if g.output != "table" {
+						_ = printStructured(cmd.OutOrStdout(), g.output, rec)
 					} else {
 						printResize(cmd.OutOrStdout(), rec)
 					}
 				}
 				return err
 			}
-			if g.output == "json" {
-				return printJSON(cmd.OutOrStdout(), rec)
+			if g.output != "table" {
+				return printStructured(cmd.OutOrStdout(), g.output, rec)
 			}
 			printResize(cmd.OutOrStdout(), rec)
 			return nil
@@ -132,8 +133,8 @@ func newResizesCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if g.output == "json" {
-				return printJSON(cmd.OutOrStdout(), resp)
+			if g.output != "table" {
+				return printStructured(cmd.OutOrStdout(), g.output, resp)
 			}
 			for _, r := range resp.Resizes {
 				printResize(cmd.OutOrStdout(), r)
@@ -141,6 +142,23 @@ func newResizesCommand(g *globals) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// printStructured prints m as JSON or YAML (the -o formats other than table).
+func printStructured(w io.Writer, output string, m proto.Message) error {
+	if output != "yaml" {
+		return printJSON(w, m)
+	}
+	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	y, err := yaml.JSONToYAML(b)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(y)
+	return err
 }
 
 func printJSON(w io.Writer, m proto.Message) error {

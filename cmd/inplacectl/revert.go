@@ -52,8 +52,8 @@ func newOverridesCommand(g *globals) *cobra.Command {
 				return err
 			}
 			w := cmd.OutOrStdout()
-			if g.output == "json" {
-				return printJSON(w, resp)
+			if g.output != "table" {
+				return printStructured(w, g.output, resp)
 			}
 			fmt.Fprintf(w, "%-40s %-32s %-40s %s\n", "POD/CONTAINER", "SWAP", "IMAGE", "ENV KEYS")
 			for _, o := range resp.Overrides {

@@ -146,17 +146,25 @@ func (o *SwapOptions) request(cmd *cobra.Command, args []string) (*inplacedv1.Sw
 	}
 	req := &inplacedv1.SwapRequest{Target: t, Change: ch, Options: opts}
 	if o.RegistryAuth != "" {
-		b, err := os.ReadFile(o.RegistryAuth)
+		a, err := readRegistryAuth(o.RegistryAuth)
 		if err != nil {
-			return nil, fmt.Errorf("--registry-auth: %w", err)
-		}
-		a := &inplacedv1.RegistryAuth{}
-		if err := (protojson.UnmarshalOptions{}).Unmarshal(b, a); err != nil {
-			return nil, fmt.Errorf("--registry-auth %s: %w (want JSON with username/password, auth or identity_token)", o.RegistryAuth, err)
+			return nil, err
 		}
 		req.Auth = a
 	}
 	return req, nil
+}
+
+func readRegistryAuth(path string) (*inplacedv1.RegistryAuth, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--registry-auth: %w", err)
+	}
+	a := &inplacedv1.RegistryAuth{}
+	if err := (protojson.UnmarshalOptions{}).Unmarshal(b, a); err != nil {
+		return nil, fmt.Errorf("--registry-auth %s: %w (want JSON with username/password, auth or identity_token)", path, err)
+	}
+	return a, nil
 }
 
 type eventStream interface {
@@ -170,6 +178,8 @@ var errSwapFailed = errors.New("swap did not commit")
 // error unless the swap committed.
 func followSwap(stream eventStream, output string, w io.Writer) error {
 	var final *inplacedv1.SwapRecord
+	bar := newProgressPrinter(w, "  pull ")
+	defer bar.end()
 	for {
 		ev, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -183,15 +193,21 @@ func followSwap(stream eventStream, output string, w io.Writer) error {
 			continue
 		}
 		if output == "table" {
+			if ev.Pull != nil {
+				bar.update(ev.Pull)
+				continue
+			}
+			bar.end()
 			fmt.Fprintf(w, "%s  %-12s %s\n", time.Unix(0, ev.TimeUnixNano).Format("15:04:05.000"), ev.Step, ev.Message)
 		}
 	}
 	if final == nil {
 		return fmt.Errorf("the swap's event stream ended without a result: see inplacectl swaps")
 	}
-	if output == "json" {
-		b, _ := protojson.MarshalOptions{Multiline: true, UseProtoNames: true, EmitUnpopulated: true}.Marshal(final)
-		fmt.Fprintln(w, string(b))
+	if output != "table" {
+		if err := printStructured(w, output, final); err != nil {
+			return err
+		}
 	} else {
 		fmt.Fprintf(w, "swap %s: %s\n", final.Id, strings.TrimPrefix(final.State.String(), "SWAP_STATE_"))
 		fmt.Fprintf(w, "  %s → %s\n", final.From.GetImage(), final.To.GetImage())
@@ -238,6 +254,9 @@ func newSwapsCommand(g *globals) *cobra.Command {
 }
 
 func printSwaps(w io.Writer, output string, swaps []*inplacedv1.SwapRecord) error {
+	if output == "yaml" {
+		return printStructured(w, output, &inplacedv1.ListSwapsResponse{Swaps: swaps})
+	}
 	if output == "json" {
 		b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(&inplacedv1.ListSwapsResponse{Swaps: swaps})
 		if err != nil {
@@ -251,15 +270,40 @@ func printSwaps(w io.Writer, output string, swaps []*inplacedv1.SwapRecord) erro
 	}
 	fmt.Fprintf(w, "%-32s %-8s %-30s %-16s %-40s %-10s %-13s %s\n", "ID", "KIND", "POD/CONTAINER", "STATE", "FROM → TO", "DOWNTIME", "RUNNING", "CALLER")
 	for _, s := range swaps {
-		fmt.Fprintf(w, "%-32s %-8s %-30s %-16s %-40s %-10s %-13s uid=%d pid=%d\n", s.Id, s.Kind,
+		fmt.Fprintf(w, "%-32s %-8s %-30s %-16s %-40s %-10s %-13s %s\n", s.Id, s.Kind,
 			s.Namespace+"/"+s.Pod+"/"+s.Container, strings.TrimPrefix(s.State.String(), "SWAP_STATE_"),
 			s.From.GetImage()+" → "+s.To.GetImage(), time.Duration(s.DowntimeNs).Round(time.Millisecond),
-			shortID(s.RunningContainerId), s.Caller.GetUid(), s.Caller.GetPid())
+			shortID(s.RunningContainerId), callerText(s.Caller))
 		if s.Error != "" {
 			fmt.Fprintf(w, "    %s\n", s.Error)
 		}
+		if s.Handoff != "" {
+			fmt.Fprintf(w, "    kubelet: %s\n", s.Handoff)
+		}
+		if s.State == inplacedv1.SwapState_SWAP_STATE_RUNNING && len(s.Steps) > 0 {
+			st := s.Steps[len(s.Steps)-1]
+			if st.DurationNs == 0 {
+				fmt.Fprintf(w, "    step %s running for %s\n", st.Name, time.Since(time.Unix(0, st.StartedUnixNano)).Round(100*time.Millisecond))
+				if st.Pull != nil {
+					fmt.Fprintf(w, "      %s\n", progressLine(st.Pull))
+				}
+			}
+		}
 	}
 	return nil
+}
+
+// callerText says who asked: "kubelet (pod spec)" or the control socket
+// peer's uid and pid.
+func callerText(c *inplacedv1.Caller) string {
+	if d := c.GetDescription(); d != "" {
+		return d
+	}
+	s := fmt.Sprintf("uid=%d pid=%d", c.GetUid(), c.GetPid())
+	if c.GetExe() != "" {
+		s += " " + c.GetExe()
+	}
+	return s
 }
 
 func shortID(id string) string {

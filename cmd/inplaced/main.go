@@ -67,6 +67,11 @@ func newRootCommand() *cobra.Command {
 	f.StringVar(&flagCfg.ControlSocket, "control-socket", def.ControlSocket, "control API socket (inplacectl)")
 	f.StringVar(&flagCfg.LogLevel, "log-level", def.LogLevel, "debug, info, warn or error")
 	f.StringVar(&flagCfg.LogFormat, "log-format", def.LogFormat, "json or console")
+	f.StringVar(&flagCfg.Kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig to watch this node's pods with (kubelet's works); empty: node-local only")
+	f.StringVar(&flagCfg.NodeName, "node-name", "", "this node's name in the API (default: the hostname, as kubelet)")
+	f.StringVar(&flagCfg.OnPullFailure, "on-pull-failure", def.OnPullFailure, "when a pod spec's new image cannot be pulled: keep-running (kubelet's stop refused) or pass-through")
+	f.StringVar(&flagCfg.AffinityDrift, "affinity-drift", def.AffinityDrift, "a swap of a pod that no longer fits its node (nodeSelector, required affinity, taints): warn or refuse")
+	f.StringVar(&flagCfg.MetricsListen, "metrics-listen", "", "serve Prometheus metrics on this host:port (/metrics); empty: off")
 	f.DurationVar((*timeDuration)(&flagCfg.HealthMinRuntime).ptr(), "health-min-runtime", def.HealthMinRuntime.D(), "how long a swapped-in container must keep running before the swap commits")
 	cmd.AddCommand(newVersionCommand())
 	return cmd
@@ -86,6 +91,11 @@ func overrideFromFlags(cfg *config.Config, flags config.Config, fs *pflag.FlagSe
 	set("control-socket", &cfg.ControlSocket, flags.ControlSocket)
 	set("log-level", &cfg.LogLevel, flags.LogLevel)
 	set("log-format", &cfg.LogFormat, flags.LogFormat)
+	set("kubeconfig", &cfg.Kubeconfig, flags.Kubeconfig)
+	set("node-name", &cfg.NodeName, flags.NodeName)
+	set("on-pull-failure", &cfg.OnPullFailure, flags.OnPullFailure)
+	set("affinity-drift", &cfg.AffinityDrift, flags.AffinityDrift)
+	set("metrics-listen", &cfg.MetricsListen, flags.MetricsListen)
 	if fs.Changed("health-min-runtime") {
 		cfg.HealthMinRuntime = flags.HealthMinRuntime
 	}

@@ -5,6 +5,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,6 +46,25 @@ type Config struct {
 	VMRuntimeHandlers []string `json:"vmRuntimeHandlers"`
 	// CgroupRoot is where the cgroup hierarchies are mounted.
 	CgroupRoot string `json:"cgroupRoot"`
+	// Kubeconfig turns on Kubernetes mode: the pods bound to NodeName are
+	// watched with this identity (kubelet's own kubeconfig works), and
+	// kubelet's restarts for pod spec image changes become in-place swaps.
+	// Empty: node-local mode only.
+	Kubeconfig string `json:"kubeconfig"`
+	// NodeName is this node's name in the API (default: the hostname, as
+	// kubelet's).
+	NodeName string `json:"nodeName"`
+	// OnPullFailure is what kubelet's StopContainer gets when the new image
+	// cannot be pulled: keep-running (refused, the old container runs on) or
+	// pass-through (kubelet's stop goes ahead, as without inplaced).
+	OnPullFailure string `json:"onPullFailure"`
+	// AffinityDrift is what a swap of a pod that no longer fits its node
+	// (nodeSelector, required node affinity, taints) gets: warn (an Event,
+	// the condition inplaced.io/AffinityDrift, the swap goes on) or refuse.
+	AffinityDrift string `json:"affinityDrift"`
+	// MetricsListen is the host:port Prometheus metrics are served on
+	// (/metrics). Empty: off.
+	MetricsListen string `json:"metricsListen"`
 }
 
 // Default returns the configuration used when nothing is set.
@@ -61,7 +81,22 @@ func Default() Config {
 		FenceTimeout:      Duration(2 * time.Minute),
 		VMRuntimeHandlers: []string{"kata", "kata-qemu", "kata-clh", "kata-fc"},
 		CgroupRoot:        "/sys/fs/cgroup",
+		OnPullFailure:     "keep-running",
+		AffinityDrift:     "warn",
 	}
+}
+
+// EffectiveNodeName is NodeName, defaulted like kubelet's: the hostname,
+// lower-cased.
+func (c Config) EffectiveNodeName() (string, error) {
+	if c.NodeName != "" {
+		return c.NodeName, nil
+	}
+	h, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("node name: no --node-name and no hostname: %w", err)
+	}
+	return strings.ToLower(strings.TrimSpace(h)), nil
 }
 
 // Load reads a YAML file over the defaults. A missing file at the default
@@ -121,6 +156,28 @@ func (c Config) Validate() error {
 	case "json", "console":
 	default:
 		errs = append(errs, fmt.Errorf("--log-format %q: want json or console", c.LogFormat))
+	}
+	switch c.OnPullFailure {
+	case "keep-running", "pass-through":
+	default:
+		errs = append(errs, fmt.Errorf("--on-pull-failure %q: want keep-running or pass-through", c.OnPullFailure))
+	}
+	switch c.AffinityDrift {
+	case "warn", "refuse":
+	default:
+		errs = append(errs, fmt.Errorf("--affinity-drift %q: want warn or refuse", c.AffinityDrift))
+	}
+	if c.MetricsListen != "" {
+		if _, port, err := net.SplitHostPort(c.MetricsListen); err != nil || port == "" {
+			errs = append(errs, fmt.Errorf("--metrics-listen %q: want host:port, e.g. 127.0.0.1:9470", c.MetricsListen))
+		}
+	}
+	if c.Kubeconfig != "" {
+		if st, err := os.Stat(c.Kubeconfig); err != nil {
+			errs = append(errs, fmt.Errorf("--kubeconfig %q: %w (give kubelet's kubeconfig, e.g. /etc/kubernetes/kubelet.conf)", c.Kubeconfig, err))
+		} else if st.IsDir() {
+			errs = append(errs, fmt.Errorf("--kubeconfig %q is a directory: give the kubeconfig file", c.Kubeconfig))
+		}
 	}
 	if c.ShutdownTimeout <= 0 || c.FenceTimeout <= 0 || c.HealthMinRuntime < 0 {
 		errs = append(errs, errors.New("shutdownTimeout and fenceTimeout must be positive, healthMinRuntime not negative"))

@@ -8,10 +8,14 @@ import (
 	"context"
 	"errors"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/caller"
+	"github.com/inplaced/inplaced/pkg/events"
 	"github.com/inplaced/inplaced/pkg/store"
 	"github.com/inplaced/inplaced/pkg/swap"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
@@ -28,6 +32,31 @@ type Server struct {
 	engine  *swap.Engine
 	store   *store.Store
 	resizer Resizer
+	pods    PodChecker
+	hub     *events.Hub
+	puller  swap.Puller
+	view    runtimeapi.RuntimeServiceClient
+	prepull prepulls
+}
+
+// PodChecker lists the pods that no longer fit the node (package kube).
+type PodChecker interface {
+	Misfits() (node string, checked int, misfits []*inplacedv1.PodFit, err error)
+}
+
+// SetPodChecker enables CheckPods (Kubernetes mode).
+func (s *Server) SetPodChecker(p PodChecker) { s.pods = p }
+
+// CheckPods lists the pods on the node that no longer fit it.
+func (s *Server) CheckPods(context.Context, *inplacedv1.CheckPodsRequest) (*inplacedv1.CheckPodsResponse, error) {
+	if s.pods == nil {
+		return nil, status.Error(codes.FailedPrecondition, "Kubernetes mode is off: start inplaced with --kubeconfig to check pods against their node")
+	}
+	node, n, misfits, err := s.pods.Misfits()
+	if err != nil {
+		return nil, err
+	}
+	return &inplacedv1.CheckPodsResponse{Node: node, PodsChecked: int32(n), Misfits: misfits}, nil
 }
 
 // New returns a control server.
@@ -35,9 +64,31 @@ func New(engine *swap.Engine, st *store.Store, resizer Resizer) *Server {
 	return &Server{engine: engine, store: st, resizer: resizer}
 }
 
-// ServerOptions are the grpc.Server options the control socket needs.
-func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.Creds(peerCreds{})}
+// SetEvents enables Watch.
+func (s *Server) SetEvents(h *events.Hub) { s.hub = h }
+
+// SetPuller enables Prepull.
+func (s *Server) SetPuller(p swap.Puller) { s.puller = p }
+
+// SetKubeletView enables ListContainers: rt is a client of inplaced's own
+// CRI socket, so the list is what kubelet sees.
+func (s *Server) SetKubeletView(rt runtimeapi.RuntimeServiceClient) { s.view = rt }
+
+// ServerOptions are the grpc.Server options the control socket needs: the
+// peer credentials and the audit log (one line per call; nil: none).
+func ServerOptions(audit *zap.Logger) []grpc.ServerOption {
+	opts := []grpc.ServerOption{grpc.Creds(caller.Credentials())}
+	if audit != nil {
+		a := auditor{log: audit}
+		opts = append(opts, grpc.ChainUnaryInterceptor(a.unary), grpc.ChainStreamInterceptor(a.stream))
+	}
+	return opts
+}
+
+// callerOf is the peer as the swap engine records it.
+func callerOf(ctx context.Context) swap.Caller {
+	c := caller.FromContext(ctx)
+	return swap.Caller{UID: c.UID, PID: c.PID, Exe: c.Exe}
 }
 
 // Register registers the service.
@@ -55,8 +106,7 @@ func stream(sub *swap.Subscription, out grpc.ServerStreamingServer[inplacedv1.Sw
 
 // Swap implements inplacedv1.ControlServer.
 func (s *Server) Swap(req *inplacedv1.SwapRequest, out grpc.ServerStreamingServer[inplacedv1.SwapEvent]) error {
-	uid, pid := callerOf(out.Context())
-	sub, err := s.engine.Start(out.Context(), req, swap.Caller{UID: uid, PID: pid})
+	sub, err := s.engine.Start(out.Context(), req, callerOf(out.Context()))
 	if err != nil {
 		return err
 	}
@@ -65,8 +115,7 @@ func (s *Server) Swap(req *inplacedv1.SwapRequest, out grpc.ServerStreamingServe
 
 // Revert implements inplacedv1.ControlServer.
 func (s *Server) Revert(req *inplacedv1.RevertRequest, out grpc.ServerStreamingServer[inplacedv1.SwapEvent]) error {
-	uid, pid := callerOf(out.Context())
-	sub, err := s.engine.Revert(out.Context(), req, swap.Caller{UID: uid, PID: pid})
+	sub, err := s.engine.Revert(out.Context(), req, callerOf(out.Context()))
 	if err != nil {
 		return err
 	}
@@ -126,8 +175,8 @@ func (s *Server) Resize(ctx context.Context, req *inplacedv1.ResizeRequest) (*in
 	if s.resizer == nil {
 		return nil, status.Error(codes.Unimplemented, "resize is not enabled in this daemon")
 	}
-	uid, pid := callerOf(ctx)
-	return s.resizer.Resize(ctx, req, uid, pid)
+	c := caller.FromContext(ctx)
+	return s.resizer.Resize(ctx, req, c.UID, c.PID)
 }
 
 // ListResizes implements inplacedv1.ControlServer.

@@ -7,11 +7,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -19,6 +22,7 @@ import (
 	"github.com/inplaced/inplaced/pkg/control"
 	"github.com/inplaced/inplaced/pkg/fence"
 	"github.com/inplaced/inplaced/pkg/intercept"
+	"github.com/inplaced/inplaced/pkg/pull"
 	"github.com/inplaced/inplaced/pkg/relay"
 	"github.com/inplaced/inplaced/pkg/resize"
 	"github.com/inplaced/inplaced/pkg/resources"
@@ -51,11 +55,24 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) (retErr error)
 		return err
 	}
 	defer st.Close()
+	obs, err := newObservers(cfg, st)
+	if err != nil {
+		return err
+	}
 	fences := fence.NewRegistry()
+	fences.SetWaitObserver(obs)
 	rt := runtimeapi.NewRuntimeServiceClient(runtimeConn)
+	images := runtimeapi.NewImageServiceClient(imageConn)
+	puller, err := pull.New(pull.Options{Images: images, ContainerdAddress: cfg.EffectiveImageEndpoint(),
+		Logger: log.Named("pull"), Bytes: obs.pulledBytes})
+	if err != nil {
+		return err
+	}
+	defer puller.Close()
 	engine, err := swap.New(swap.Options{
-		Runtime: rt, Images: runtimeapi.NewImageServiceClient(imageConn),
+		Runtime: rt, Images: images,
 		Store: st, Fences: fences, Logger: log.Named("swap"), HealthMinRuntime: cfg.HealthMinRuntime.D(),
+		Observer: obs.swap, Puller: puller,
 	})
 	if err != nil {
 		return err
@@ -64,12 +81,22 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) (retErr error)
 	// sees a half-done swap from before the crash.
 	recoverSwaps(ctx, engine, log)
 
-	resizer, err := newResizer(cfg, rt, st, fences, log.Named("resize"))
+	resizer, err := newResizer(cfg, rt, resizeRecorder{st, obs}, fences, log.Named("resize"))
 	if err != nil {
 		return err
 	}
-	ics, err := intercept.New(intercept.Options{Store: st, Fences: fences, Logger: log.Named("intercept"),
-		FenceTimeout: cfg.FenceTimeout.D(), Resizer: resizer})
+	kc, err := newKubeController(cfg, engine, rt, st, log.Named("kube"))
+	if err != nil {
+		return err
+	}
+	icOpts := intercept.Options{Store: st, Fences: fences, Logger: log.Named("intercept"),
+		FenceTimeout: cfg.FenceTimeout.D(), Resizer: resizer}
+	if kc != nil {
+		icOpts.StopHolder = kc
+		engine.SetAdmission(kc.Admit)
+		engine.OnSwap(kc.Report)
+	}
+	ics, err := intercept.New(icOpts)
 	if err != nil {
 		return err
 	}
@@ -84,23 +111,73 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) (retErr error)
 	for m, f := range ics.StreamFilters() {
 		opts = append(opts, relay.WithStreamFilter(m, f))
 	}
+	if obs.metrics != nil {
+		// Every relayed call, passed through or intercepted.
+		opts = append(opts, relay.WithObserver(obs.metrics.Observe))
+	}
 	r := relay.New(runtimeConn, opts...)
 
 	lis, err := listenUnix(cfg.Listen)
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(r.ServerOptions()...)
+	srv := r.NewServer()
 	ctlLis, err := listenUnix(cfg.ControlSocket)
 	if err != nil {
 		lis.Close()
 		return err
 	}
-	ctl := grpc.NewServer(control.ServerOptions()...)
-	control.New(engine, st, resizer).Register(ctl)
+	ctl := grpc.NewServer(control.ServerOptions(log.Named("audit"))...)
+	ctlSrv := control.New(engine, st, resizer)
+	ctlSrv.SetEvents(obs.hub)
+	ctlSrv.SetPuller(puller)
+	// ps lists what kubelet sees: through inplaced's own CRI socket.
+	selfConn, err := grpc.NewClient("unix://"+cfg.Listen, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		lis.Close()
+		ctlLis.Close()
+		return err
+	}
+	defer selfConn.Close()
+	ctlSrv.SetKubeletView(runtimeapi.NewRuntimeServiceClient(selfConn))
+	if kc != nil {
+		ctlSrv.SetPodChecker(kc)
+	}
+	ctlSrv.Register(ctl)
+	var metricsSrv *http.Server
+	if obs.metrics != nil {
+		mlis, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			lis.Close()
+			ctlLis.Close()
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", obs.metrics.Handler())
+		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := metricsSrv.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics server stopped", zap.Error(err))
+			}
+		}()
+		defer metricsSrv.Close()
+		log.Info("serving metrics", zap.String("metrics_listen", mlis.Addr().String()))
+	}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(lis) }()
 	go func() { errc <- ctl.Serve(ctlLis) }()
+	kubeDone := make(chan struct{})
+	kubeCtx, stopKube := context.WithCancel(ctx)
+	defer func() { stopKube(); <-kubeDone }()
+	go func() {
+		defer close(kubeDone)
+		if kc == nil {
+			return
+		}
+		if err := kc.Run(kubeCtx); err != nil {
+			log.Error("Kubernetes mode stopped: node-local mode only until restart", zap.Error(err))
+		}
+	}()
 
 	log.Info("serving CRI",
 		zap.String("listen", cfg.Listen),
@@ -132,7 +209,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) (retErr error)
 // newResizer makes the in-place resizer for the control API and kubelet's
 // UpdateContainerResources. Without a usable cgroup hierarchy it still
 // resizes, through the backend only, and says so.
-func newResizer(cfg config.Config, rt runtimeapi.RuntimeServiceClient, st *store.Store, fences *fence.Registry, log *zap.Logger) (*resize.Resizer, error) {
+func newResizer(cfg config.Config, rt runtimeapi.RuntimeServiceClient, st resize.Recorder, fences *fence.Registry, log *zap.Logger) (*resize.Resizer, error) {
 	cg, err := resources.New(cfg.CgroupRoot)
 	if err != nil {
 		log.Warn("no cgroup hierarchy: resizes go through the backend only, unverified on the host", zap.String("cgroup_root", cfg.CgroupRoot), zap.Error(err))
@@ -182,7 +259,7 @@ func waitSwaps(engine *swap.Engine, timeout time.Duration, log *zap.Logger) {
 
 // gracefulStop ends streams at once (they never finish by themselves), lets
 // unary calls finish, and cuts them off after timeout.
-func gracefulStop(srv *grpc.Server, r *relay.Relay, timeout time.Duration) {
+func gracefulStop(srv *relay.Server, r *relay.Relay, timeout time.Duration) {
 	r.Drain()
 	done := make(chan struct{})
 	go func() { srv.GracefulStop(); close(done) }()

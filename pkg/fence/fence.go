@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -54,6 +55,14 @@ type Fence struct {
 	// containers are hidden.
 	replaceOld bool
 	outcome    Outcome
+	obs        WaitObserver
+}
+
+// WaitObserver sees calls waiting on a fence (metrics, the control API's
+// Watch). It must not block.
+type WaitObserver interface {
+	WaitStarted(f *Fence)
+	WaitEnded(f *Fence, waited time.Duration)
 }
 
 // Registry holds the fences of running swaps.
@@ -61,7 +70,16 @@ type Registry struct {
 	mu     sync.Mutex
 	fences map[Key]*Fence
 	byID   map[string]*Fence // old and hidden container IDs → fence
+	obs    WaitObserver
+	// presented: container ID → the hash kubelet is shown (present.go).
+	presented     map[string]*presentation
+	relistWaiters []chan struct{}
+	relists       []time.Time // the last unfiltered ListContainers
 }
+
+// SetWaitObserver installs o for every fence acquired after; call it
+// before serving.
+func (r *Registry) SetWaitObserver(o WaitObserver) { r.obs = o }
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
@@ -77,7 +95,7 @@ func (r *Registry) Acquire(ctx context.Context, key Key, swapID, oldID string) (
 		return nil, nil, fmt.Errorf("%w: swap %s on %s", ErrBusy, f.SwapID, key)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	f := &Fence{Key: key, SwapID: swapID, cancel: cancel, done: make(chan struct{}), oldID: oldID, hidden: map[string]bool{}}
+	f := &Fence{Key: key, SwapID: swapID, cancel: cancel, done: make(chan struct{}), oldID: oldID, hidden: map[string]bool{}, obs: r.obs}
 	r.fences[key] = f
 	r.byID[oldID] = f
 	return f, ctx, nil
@@ -130,12 +148,12 @@ func (r *Registry) BySandbox(sandboxID string) []*Fence {
 	return out
 }
 
-// Active reports whether any swap is running; interceptors use it to skip
-// all work on the hot path when nothing is being swapped.
+// Active reports whether any swap is running or any hash is presented;
+// interceptors use it to skip all work on the hot path otherwise.
 func (r *Registry) Active() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.fences) > 0
+	return len(r.fences) > 0 || len(r.presented) > 0
 }
 
 // Abort cancels the swap with cause.
@@ -153,6 +171,11 @@ func (f *Fence) Outcome() Outcome {
 
 // Wait blocks until the swap ends or ctx ends.
 func (f *Fence) Wait(ctx context.Context) (Outcome, error) {
+	if f.obs != nil {
+		start := time.Now()
+		f.obs.WaitStarted(f)
+		defer func() { f.obs.WaitEnded(f, time.Since(start)) }()
+	}
 	select {
 	case <-f.done:
 		return f.Outcome(), nil

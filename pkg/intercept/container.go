@@ -36,6 +36,11 @@ func (i *Interceptors) createContainer(ctx context.Context, req *runtimeapi.Crea
 	name := req.GetConfig().GetMetadata().GetName()
 	key := fence.Key{SandboxID: req.PodSandboxId, Name: name}
 	i.count(key.String() + "/CreateContainer")
+	if a := i.takeAdoption(key); a != nil {
+		if id, ok := i.adopt(ctx, a, req); ok {
+			return &runtimeapi.CreateContainerResponse{ContainerId: id}, nil
+		}
+	}
 	if f := i.fences.Lookup(key); f != nil {
 		out, err := i.waitFence(ctx, f, "CreateContainer")
 		if err != nil {
@@ -143,6 +148,18 @@ func (i *Interceptors) startContainer(ctx context.Context, req *runtimeapi.Start
 func (i *Interceptors) stopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest,
 	next func(context.Context, *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error),
 ) (*runtimeapi.StopContainerResponse, error) {
+	if i.holder != nil {
+		d, err := i.holder.HoldStop(ctx, req)
+		if d.Adopt != nil {
+			i.offerAdoption(d.Adopt)
+		}
+		if d.Answered {
+			if err != nil {
+				return nil, err
+			}
+			return &runtimeapi.StopContainerResponse{}, nil
+		}
+	}
 	if f := i.fences.ByContainer(req.ContainerId); f != nil {
 		i.count(f.Key.String() + "/StopContainer")
 		// kubelet's stop wins over the swap.

@@ -47,10 +47,12 @@ type Interceptors struct {
 	log          *zap.Logger
 	fenceTimeout time.Duration
 	resizer      Resizer
+	holder       StopHolder
 	now          func() time.Time
 
-	mu     sync.Mutex
-	handed map[string]bool // containers a fenced CreateContainer answered with
+	mu        sync.Mutex
+	handed    map[string]bool // containers a fenced CreateContainer answered with
+	adoptions map[fence.Key]*Adoption
 	// Counts of kubelet's calls per container name, for tests and metrics.
 	counts map[string]int
 }
@@ -62,6 +64,9 @@ type Options struct {
 	Logger       *zap.Logger
 	FenceTimeout time.Duration
 	Resizer      Resizer
+	// StopHolder (optional, Kubernetes mode) may hold kubelet's
+	// StopContainer for a pod spec image change.
+	StopHolder StopHolder
 }
 
 // New returns the interceptors.
@@ -77,7 +82,8 @@ func New(o Options) (*Interceptors, error) {
 		o.FenceTimeout = 2 * time.Minute
 	}
 	return &Interceptors{store: o.Store, fences: o.Fences, log: log, fenceTimeout: o.FenceTimeout,
-		resizer: o.Resizer, now: time.Now, handed: map[string]bool{}, counts: map[string]int{}}, nil
+		resizer: o.Resizer, holder: o.StopHolder, now: time.Now, handed: map[string]bool{},
+		adoptions: map[fence.Key]*Adoption{}, counts: map[string]int{}}, nil
 }
 
 // Table returns the interceptor table for the relay.

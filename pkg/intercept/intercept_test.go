@@ -24,6 +24,7 @@ import (
 	"github.com/inplaced/inplaced/pkg/internal/fakecri"
 	"github.com/inplaced/inplaced/pkg/relay"
 	"github.com/inplaced/inplaced/pkg/store"
+	"github.com/inplaced/inplaced/pkg/swap"
 )
 
 // deterministic makes the fake backend encode its answers the same way
@@ -807,4 +808,75 @@ func TestMaskNewShowsOldTruth(t *testing.T) {
 		t.Errorf("after Mask the old container is shown %v, want the RUNNING snapshot", s)
 	}
 	p.fences.Release(f, fence.Outcome{})
+}
+
+// TestPresentedHash: while a hash is presented for a container (an image
+// swap whose spec write is pending), kubelet's List/ContainerStatus show
+// it, the first ContainerStatus marks the container inspected, and after
+// EndPresent the container's own hash shows again.
+func TestPresentedHash(t *testing.T) {
+	p := newProxy(t)
+	ctx := context.Background()
+	sb := p.runPod(t)
+	id := p.kubeletStart(t, p.createReq(sb, "app", 0, "h-new"))
+	other := p.kubeletStart(t, p.createReq(sb, "side", 0, "h-side"))
+	hashes := func() map[string]string {
+		resp, err := p.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, c := range resp.Containers {
+			out[c.Id] = c.Annotations[swap.AnnotationHash]
+		}
+		return out
+	}
+	p.fences.PresentHash(id, "h-old")
+	relist := p.fences.NextRelist()
+	if _, err := p.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: sb}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-relist:
+		t.Fatal("a filtered ListContainers counted as kubelet's relist")
+	default:
+	}
+	if !p.fences.Active() {
+		t.Fatal("a presented hash must open the read interceptors' gate")
+	}
+	if h := hashes(); h[id] != "h-old" || h[other] != "h-side" {
+		t.Fatalf("list while presented: %v", h)
+	}
+	select {
+	case <-relist:
+	default:
+		t.Fatal("an unfiltered ListContainers (kubelet's relist) did not count")
+	}
+	select {
+	case <-p.fences.WhenInspected(id):
+		t.Fatal("inspected before any ContainerStatus")
+	default:
+	}
+	st, err := p.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Status.Annotations[swap.AnnotationHash]; got != "h-old" {
+		t.Fatalf("ContainerStatus shows hash %q while h-old is presented", got)
+	}
+	select {
+	case <-p.fences.WhenInspected(id):
+	case <-time.After(time.Second):
+		t.Fatal("ContainerStatus did not mark the container inspected")
+	}
+	p.fences.EndPresent(id)
+	if p.fences.Active() {
+		t.Fatal("gate still open after EndPresent")
+	}
+	if h := hashes(); h[id] != "h-new" {
+		t.Fatalf("list after EndPresent: %v", h)
+	}
+	if st, _ := p.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id}); st.Status.Annotations[swap.AnnotationHash] != "h-new" {
+		t.Fatalf("ContainerStatus after EndPresent: %v", st.Status.Annotations)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/fence"
+	"github.com/inplaced/inplaced/pkg/swap"
 )
 
 // mask is the view of one swap whose mask is on, with the container name
@@ -72,6 +73,12 @@ func (i *Interceptors) listContainers(ctx context.Context, req *runtimeapi.ListC
 	resp, err := next(ctx, req)
 	if err != nil {
 		return nil, err
+	}
+	for _, c := range resp.Containers {
+		c.Annotations = i.presentHash(c.Id, c.Annotations)
+	}
+	if f := req.GetFilter(); f == nil || proto.Equal(f, &runtimeapi.ContainerFilter{}) {
+		i.fences.Relisted()
 	}
 	seenSandbox := map[string]bool{}
 	var views []mask
@@ -161,6 +168,12 @@ func (i *Interceptors) containerStatus(ctx context.Context, req *runtimeapi.Cont
 	if err != nil {
 		return nil, err
 	}
+	if st := resp.GetStatus(); st != nil {
+		if ann := i.presentHash(req.ContainerId, st.Annotations); !sameHash(ann, st.Annotations) {
+			st.Annotations = ann
+			i.fences.Inspected(req.ContainerId)
+		}
+	}
 	f := i.fences.ByContainer(req.ContainerId)
 	if f == nil {
 		return resp, nil
@@ -171,12 +184,32 @@ func (i *Interceptors) containerStatus(ctx context.Context, req *runtimeapi.Cont
 	return resp, nil
 }
 
+// presentHash returns ann with the hash kubelet is to be shown for
+// container id (fence.PresentHash), or ann itself when none is presented.
+func (i *Interceptors) presentHash(id string, ann map[string]string) map[string]string {
+	h, ok := i.fences.PresentedHash(id)
+	if !ok || ann[swap.AnnotationHash] == h {
+		return ann
+	}
+	out := make(map[string]string, len(ann))
+	for k, v := range ann {
+		out[k] = v
+	}
+	out[swap.AnnotationHash] = h
+	return out
+}
+
+func sameHash(a, b map[string]string) bool { return a[swap.AnnotationHash] == b[swap.AnnotationHash] }
+
 func (i *Interceptors) podSandboxStatus(ctx context.Context, req *runtimeapi.PodSandboxStatusRequest,
 	next func(context.Context, *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error),
 ) (*runtimeapi.PodSandboxStatusResponse, error) {
 	resp, err := next(ctx, req)
 	if err != nil || len(resp.ContainersStatuses) == 0 {
 		return resp, err
+	}
+	for _, s := range resp.ContainersStatuses {
+		s.Annotations = i.presentHash(s.Id, s.Annotations)
 	}
 	views := i.masked(req.PodSandboxId)
 	if len(views) == 0 {

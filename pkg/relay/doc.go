@@ -1,8 +1,14 @@
-// Package relay is inplaced's CRI v1 pass-through: a gRPC server that forwards
-// every call it receives to a backend CRI endpoint as opaque protobuf frames,
-// and decodes only the methods that have an interceptor registered.
+// Package relay is inplaced's CRI v1 pass-through: it forwards every call it
+// receives to a backend CRI endpoint untouched, and decodes only the methods
+// that have an interceptor registered.
 //
-// How it works:
+// Server (router.go) serves the caller's connection at the HTTP/2 frame
+// level: a stream no interceptor, open gate, stream filter or debug log wants
+// is forwarded frame by frame to a backend HTTP/2 connection; every other one
+// goes, the same way, to an in-process grpc.Server running the gRPC handler
+// described below (Relay.ServerOptions).
+//
+// The gRPC handler:
 //
 //   - The server is created with grpc.UnknownServiceHandler and a codec that
 //     passes frames through untouched (ForceServerCodecV2), so no CRI

@@ -47,6 +47,7 @@ type Relay struct {
 	unary   map[string]bool
 	log     *zap.Logger
 	debug   bool // the log wants every call, with the IDs decoded from it
+	observe Observer
 
 	drainOnce sync.Once
 	drain     chan struct{} // closed on shutdown: streams end

@@ -73,7 +73,7 @@ type setup struct {
 	relay   *Relay
 }
 
-func start(t *testing.T, table Table, opts ...Option) *setup {
+func start(t testing.TB, table Table, opts ...Option) *setup {
 	t.Helper()
 	dir := t.TempDir()
 	be := &fakeBackend{
@@ -105,7 +105,7 @@ func start(t *testing.T, table Table, opts ...Option) *setup {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pxSrv := grpc.NewServer(r.ServerOptions()...)
+	pxSrv := r.NewServer()
 	go func() { _ = pxSrv.Serve(pxLis) }()
 	t.Cleanup(pxSrv.Stop)
 

@@ -45,7 +45,11 @@ func (r *Resizer) viaCgroups(ctx context.Context, o *op) error {
 	want := resources.LimitsFromCRI(o.req.GetLinux())
 	o.rec.To = targetValues(want, o.rec.From)
 	old := before(cur.Container, want, o.status)
-	var prev *resources.Limits
+	// The pod rule: the control API moves the pod by the container's change
+	// (prev = the values before); kubelet moves the pod itself, so for its
+	// calls the pod only ever rises to the container's new limit (prev =
+	// want: a change of nothing, with the pod rule's floor).
+	prev := &want
 	if o.exactPod {
 		prev = &old
 	}
@@ -73,8 +77,14 @@ func (r *Resizer) viaCgroups(ctx context.Context, o *op) error {
 	// From here on the resize finishes, or is undone, whatever the caller does.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.timeout)
 	defer cancel()
-	_, rtErr := o.update(ctx, o.req)
-	res, err := r.cg.Apply(ctx, t, want, prev)
+	// The runtime changes the container between inplaced's pod raises and
+	// the rest: the pod has room for it then (v1 refuses a child quota above
+	// its parent's; on v2 and with systemd the container would sit above its
+	// pod for a moment), and what the runtime missed is repaired after it.
+	var rtErr error
+	res, err := r.cg.Apply(ctx, t, want, prev, resources.BeforeContainer(func(ctx context.Context) {
+		_, rtErr = o.update(ctx, o.req)
+	}))
 	var after resources.Current
 	if err == nil {
 		after, err = r.verify(t, want)
@@ -88,8 +98,9 @@ func (r *Resizer) viaCgroups(ctx context.Context, o *op) error {
 	o.rec.InEffect = cgroupValues(after.Container)
 	o.rec.Result = ResultApplied
 	if rtErr != nil {
-		// Typically the v1 EINVAL of a quota above the pod's: the pod has
-		// room now, so the runtime can record what the cgroups hold.
+		// The runtime refused (a v1 EINVAL of a quota above a pod inplaced
+		// had not raised: kubelet's pod limits being lower, say), and Apply
+		// repaired the container: let the runtime record what the cgroups hold.
 		if _, err := o.update(ctx, o.req); err != nil {
 			o.rec.Error = fmt.Sprintf("in effect, but the runtime's record of the container still shows the previous values: it refused twice (%v; then %v)",
 				status.Convert(rtErr).Message(), status.Convert(err).Message())

@@ -22,12 +22,15 @@
 //     at or below current usage (codes.FailedPrecondition, stating usage and
 //     the requested limit), and values the kernel would reject
 //     (codes.InvalidArgument).
-//  3. Call the runtime's UpdateContainerResources, so that its own record
-//     (the container spec containerd reports in ContainerStatus) follows.
-//  4. Whether or not the runtime succeeded, resources.Manager.Apply reads the
-//     cgroups back and writes what is still missing, pod first on a raise,
-//     container first on a lowering, memory before CPU, each write read
-//     back, its own writes undone on failure.
+//  3. resources.Manager.Apply raises the pod cgroup where the container's new
+//     values need room (pod first on a raise), then calls the runtime's
+//     UpdateContainerResources, so that its own record (the container spec
+//     containerd reports in ContainerStatus) follows and it changes the
+//     container itself, then writes whatever the runtime did not apply and
+//     lowers the pod (container first on a lowering), memory before CPU, each
+//     write read back, its own writes undone on failure. With the systemd
+//     cgroup driver each write also sets the unit's property, as runc does.
+//  4. Whether or not the runtime succeeded, the files are repaired in 3.
 //  5. Read back once more: the container's cgroup must hold exactly the
 //     request, and the pod cgroup at least that.
 //  6. If the runtime had failed in step 3 (the pod was too small), call it

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/caller"
 	"github.com/inplaced/inplaced/pkg/fence"
 	"github.com/inplaced/inplaced/pkg/resources"
 	"github.com/inplaced/inplaced/pkg/swap"
@@ -124,7 +125,7 @@ func (r *Resizer) Resize(ctx context.Context, req *inplacedv1.ResizeRequest, uid
 	if err != nil {
 		return nil, err
 	}
-	o.rec.Caller = &inplacedv1.Caller{Uid: uid, Pid: pid}
+	o.rec.Caller = &inplacedv1.Caller{Uid: uid, Pid: pid, Exe: caller.FromContext(ctx).Exe}
 	o.resources = req.GetResources()
 	o.update = func(ctx context.Context, req *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
 		return r.rt.UpdateContainerResources(ctx, req)

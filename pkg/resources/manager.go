@@ -20,6 +20,9 @@ type Manager struct {
 	v2   bool
 	fs   FS
 	page int64 // the kernel keeps memory limits in whole pages
+	// systemd records written values in systemd-driver units (nil: files only).
+	systemd    Systemd
+	systemdSet bool
 
 	// mu serialises Apply: two containers of one pod share the pod cgroup, and
 	// the pod rule is a read-modify-write of its limits.
@@ -47,6 +50,9 @@ func New(root string, opts ...Option) (*Manager, error) {
 	}
 	if m.fs == nil {
 		return nil, errors.New("resources: nil FS")
+	}
+	if !m.systemdSet && m.root == DefaultRoot {
+		m.systemd = SystemdDBus() // connects on the first systemd-driver write
 	}
 	v2, err := m.detectV2()
 	if err != nil {

@@ -23,16 +23,36 @@ type Target struct {
 	Driver string
 }
 
+// driver is the driver named, or guessed from the path's shape.
+func (t Target) driver() string {
+	if t.Driver != "" {
+		return t.Driver
+	}
+	if !strings.HasPrefix(t.CgroupsPath, "/") && strings.Count(t.CgroupsPath, ":") == 2 {
+		return DriverSystemd
+	}
+	return DriverCgroupfs
+}
+
+// units returns the systemd units that own the container's and the pod's
+// cgroups ("cri-containerd-<id>.scope", "kubepods-burstable-pod<uid>.slice")
+// with the systemd driver, and empty names with cgroupfs. With the systemd
+// driver every cgroup is a unit named as its directory.
+func (t Target) units() (container, pod string, err error) {
+	if t.driver() != DriverSystemd {
+		return "", "", nil
+	}
+	ctr, p, err := t.cgroups()
+	if err != nil {
+		return "", "", err
+	}
+	return path.Base(ctr), path.Base(p), nil
+}
+
 // cgroups returns the container's cgroup and its parent, the pod cgroup, as
 // paths relative to a hierarchy root ("/kubepods/.../<id>").
 func (t Target) cgroups() (container, pod string, err error) {
-	driver := t.Driver
-	if driver == "" {
-		driver = DriverCgroupfs
-		if !strings.HasPrefix(t.CgroupsPath, "/") && strings.Count(t.CgroupsPath, ":") == 2 {
-			driver = DriverSystemd
-		}
-	}
+	driver := t.driver()
 	switch driver {
 	case DriverCgroupfs:
 		container, err = cgroupfsPath(t.CgroupsPath)

@@ -11,10 +11,16 @@ import (
 type Write struct {
 	Level  Level
 	Cgroup string // relative to the hierarchy root
-	File   string // e.g. "cpu.cfs_quota_us"
-	Path   string // absolute path of the file
-	From   string // content before the write (Apply: read just before writing)
-	To     string // content written
+	// Unit is the systemd unit owning Cgroup with the systemd driver (its
+	// properties are set along with the file, see Systemd), else empty.
+	Unit string
+	File string // e.g. "cpu.cfs_quota_us"
+	Path string // absolute path of the file
+	From string // content before the write (Apply: read just before writing)
+	To   string // content written
+
+	// podRaise: a pod value that goes up, written before the container's.
+	podRaise bool
 }
 
 func (w Write) String() string {
@@ -253,6 +259,9 @@ func rate(quota int64, period, podPeriod uint64) int64 {
 // value that goes up before the container, one that goes down after it.
 func ordered(podUp bool, pod, ctr []Write) []Write {
 	if podUp {
+		for i := range pod {
+			pod[i].podRaise = true
+		}
 		return append(pod, ctr...)
 	}
 	return append(ctr, pod...)
@@ -270,7 +279,7 @@ func lessLimit(a, b int64) bool {
 }
 
 func (m *Manager) newWrite(level Level, c Cgroup, file, from, to string) Write {
-	return Write{Level: level, Cgroup: c.Path, File: file, Path: m.filePath(c.Path, file), From: from, To: to}
+	return Write{Level: level, Cgroup: c.Path, Unit: c.Unit, File: file, Path: m.filePath(c.Path, file), From: from, To: to}
 }
 
 func deref[T any](p *T, def T) T {

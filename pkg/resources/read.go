@@ -31,6 +31,10 @@ type Values struct {
 // Cgroup is one cgroup and its values.
 type Cgroup struct {
 	Path string // relative to the hierarchy root, e.g. "/kubepods/burstable/pod<uid>/<id>"
+	// Unit is the systemd unit that owns the cgroup with the systemd driver
+	// ("cri-containerd-<id>.scope", "kubepods-burstable-pod<uid>.slice"),
+	// empty with cgroupfs.
+	Unit string
 	Values
 }
 
@@ -48,6 +52,10 @@ func (m *Manager) Read(t Target) (Current, error) {
 	if err != nil {
 		return Current{}, err
 	}
+	ctrUnit, podUnit, err := t.units()
+	if err != nil {
+		return Current{}, err
+	}
 	var cur Current
 	if cur.Container, err = m.readCgroup(ctr); err != nil {
 		return Current{}, fmt.Errorf("resources: container cgroup: %w", err)
@@ -55,6 +63,7 @@ func (m *Manager) Read(t Target) (Current, error) {
 	if cur.Pod, err = m.readCgroup(pod); err != nil {
 		return Current{}, fmt.Errorf("resources: pod cgroup: %w", err)
 	}
+	cur.Container.Unit, cur.Pod.Unit = ctrUnit, podUnit
 	return cur, nil
 }
 

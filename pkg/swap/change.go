@@ -211,3 +211,47 @@ func summary(cfg *runtimeapi.ContainerConfig) *inplacedv1.ConfigSummary {
 	}
 	return s
 }
+
+// AnnotationTerminationMessagePath is where kubelet mounts the termination
+// message file; the host side of that mount is new for every container
+// kubelet creates (a random file name under the pod's container dir).
+const AnnotationTerminationMessagePath = "io.kubernetes.container.terminationMessagePath"
+
+// ConfigDiff names the top-level fields in which kubelet's config for a
+// container differs from the config inplaced prepared, ignoring what must
+// differ between two instances of one spec container: the host file behind
+// the termination message mount. Empty means the prepared container is what
+// kubelet asked for.
+func ConfigDiff(kubelet, prepared *runtimeapi.ContainerConfig) []string {
+	a, b := instanceNeutral(kubelet), instanceNeutral(prepared)
+	var out []string
+	fields := a.ProtoReflect().Descriptor().Fields()
+	for n := 0; n < fields.Len(); n++ {
+		fd := fields.Get(n)
+		x, y := &runtimeapi.ContainerConfig{}, &runtimeapi.ContainerConfig{}
+		if a.ProtoReflect().Has(fd) {
+			x.ProtoReflect().Set(fd, a.ProtoReflect().Get(fd))
+		}
+		if b.ProtoReflect().Has(fd) {
+			y.ProtoReflect().Set(fd, b.ProtoReflect().Get(fd))
+		}
+		if !proto.Equal(x, y) {
+			out = append(out, string(fd.Name()))
+		}
+	}
+	return out
+}
+
+func instanceNeutral(cfg *runtimeapi.ContainerConfig) *runtimeapi.ContainerConfig {
+	c := proto.Clone(cfg).(*runtimeapi.ContainerConfig)
+	tm := c.GetAnnotations()[AnnotationTerminationMessagePath]
+	for _, m := range c.Mounts {
+		if tm != "" && m.ContainerPath == tm {
+			m.HostPath = ""
+		}
+	}
+	// kubelet builds the service link variables from a map: their order
+	// differs from one create to the next.
+	sort.SliceStable(c.Envs, func(i, j int) bool { return c.Envs[i].Key < c.Envs[j].Key })
+	return c
+}

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/fence"
@@ -26,8 +27,13 @@ import (
 // e2e tests can prove recovery from a crash at every step.
 const CrashAfterEnv = "INPLACED_TEST_CRASH_AFTER"
 
-// Caller identifies the control-socket peer that asked for a swap.
-type Caller struct{ UID, PID int64 }
+// Caller identifies who asked for a swap: the control-socket peer, or a
+// description ("kubelet (pod spec)").
+type Caller struct {
+	UID, PID    int64
+	Exe         string // the peer's executable when it connected
+	Description string
+}
 
 // Engine runs swaps.
 type Engine struct {
@@ -39,6 +45,11 @@ type Engine struct {
 	minRuntime time.Duration
 	crashAfter string
 	now        func() time.Time
+
+	admit    Admission
+	watchers []func(SwapNews)
+	obs      Observer
+	puller   Puller
 
 	mu   sync.Mutex
 	runs map[string]*run // running swaps, for WatchSwap
@@ -53,6 +64,10 @@ type Options struct {
 	Fences           *fence.Registry
 	Logger           *zap.Logger
 	HealthMinRuntime time.Duration
+	// Observer (optional) sees swaps, steps and overrides as they happen.
+	Observer Observer
+	// Puller (optional) pulls with progress; default: CRI PullImage.
+	Puller Puller
 }
 
 // New returns an engine.
@@ -64,11 +79,71 @@ func New(o Options) (*Engine, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
+	obs := o.Observer
+	if obs == nil {
+		obs = nopObserver{}
+	}
 	return &Engine{
 		rt: o.Runtime, img: o.Images, store: o.Store, fences: o.Fences, log: log,
 		minRuntime: o.HealthMinRuntime, crashAfter: os.Getenv(CrashAfterEnv),
-		now: time.Now, runs: map[string]*run{},
+		now: time.Now, runs: map[string]*run{}, obs: obs, puller: o.Puller,
 	}, nil
+}
+
+// Admission checks a pod before every swap of one of its containers
+// (package kube: affinity drift). A warning is recorded in the swap record
+// and the swap goes on; an error refuses the swap.
+type Admission func(ctx context.Context, namespace, pod, podUID string) (warning string, err error)
+
+// SwapNews is a swap's start (Ended false) or end, with a copy of its record.
+type SwapNews struct {
+	Ended  bool
+	Record *inplacedv1.SwapRecord
+}
+
+// OnSwap registers f for the start and end of every swap (package kube
+// reports them on the pod); f must not block. Call it before serving.
+func (e *Engine) OnSwap(f func(SwapNews)) { e.watchers = append(e.watchers, f) }
+
+func (e *Engine) tell(ended bool, rec *inplacedv1.SwapRecord) {
+	if ended {
+		e.obs.SwapEnded(rec)
+	} else {
+		e.obs.SwapStarted(rec)
+	}
+	for _, f := range e.watchers {
+		f(SwapNews{Ended: ended, Record: proto.Clone(rec).(*inplacedv1.SwapRecord)})
+	}
+}
+
+// SetAdmission installs the check; call it before serving.
+func (e *Engine) SetAdmission(a Admission) { e.admit = a }
+
+// admission runs the check for a resolved target.
+func (e *Engine) admission(ctx context.Context, t *target) (string, error) {
+	if e.admit == nil {
+		return "", nil
+	}
+	l := t.container.Labels
+	return e.admit(ctx, l[LabelPodNamespace], l[LabelPodName], l[LabelPodUID])
+}
+
+// StepAdmission names the record entry of a warning from the admission
+// check (the swap went on).
+const StepAdmission = "affinity-check"
+
+// Running returns a copy of the records of the swaps under way, the step
+// running last (DurationNs 0) included.
+func (e *Engine) Running() []*inplacedv1.SwapRecord {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []*inplacedv1.SwapRecord
+	for _, r := range e.runs {
+		if rec := r.record(); rec != nil {
+			out = append(out, proto.Clone(rec).(*inplacedv1.SwapRecord))
+		}
+	}
+	return out
 }
 
 // Wait blocks until every running swap has ended (used on shutdown).
@@ -82,8 +157,31 @@ func (e *Engine) Start(ctx context.Context, req *inplacedv1.SwapRequest, caller 
 	return e.start(ctx, req, caller, "swap", nil)
 }
 
+// Hooks are a caller's steps inside a swap.
+type Hooks struct {
+	// BeforeStop runs (as step "drain") after the new container was created
+	// and before the old one is stopped: package kube takes the pod out of
+	// its Services' endpoints there. An error is recorded, not fatal.
+	BeforeStop func(ctx context.Context) error
+	// SpecHash, when set, is kubelet's hash for the pod spec the caller
+	// writes once the swap has committed (package kube: the image of a
+	// request on the pod goes into the spec). The new container carries it,
+	// and kubelet is shown the old hash for it until SpecWritten.
+	SpecHash string
+}
+
+// StartWithHooks is Start with hooks.
+func (e *Engine) StartWithHooks(ctx context.Context, req *inplacedv1.SwapRequest, caller Caller, h Hooks) (*Subscription, error) {
+	return e.startHooked(ctx, req, caller, "swap", nil, h)
+}
+
 func (e *Engine) start(ctx context.Context, req *inplacedv1.SwapRequest, caller Caller, kind string,
 	override func(*target) (*inplacedv1.Change, error)) (*Subscription, error) {
+	return e.startHooked(ctx, req, caller, kind, override, Hooks{})
+}
+
+func (e *Engine) startHooked(ctx context.Context, req *inplacedv1.SwapRequest, caller Caller, kind string,
+	override func(*target) (*inplacedv1.Change, error), hooks Hooks) (*Subscription, error) {
 	change := req.GetChange()
 	if change == nil {
 		change = &inplacedv1.Change{}
@@ -103,25 +201,41 @@ func (e *Engine) start(ctx context.Context, req *inplacedv1.SwapRequest, caller 
 			return nil, err
 		}
 	}
+	warning, err := e.admission(ctx, t)
+	if err != nil {
+		return nil, err
+	}
 	id := newID(e.now())
 	f, swapCtx, err := e.fences.Acquire(context.Background(), fence.Key{SandboxID: t.container.PodSandboxId, Name: t.name}, id, t.container.Id)
 	if err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "%v: wait for it to end (inplacectl swaps)", err)
 	}
 	r := newRun(e, id, kind, t, change, req.GetOptions(), req.GetAuth(), caller, f)
+	r.hooks = hooks
+	r.admitted(warning)
 	sub := r.subscribe()
+	e.launch(swapCtx, r, nil)
+	return sub, nil
+}
+
+// launch runs r in the background, listed as running until it ends; done
+// (optional) is closed after.
+func (e *Engine) launch(ctx context.Context, r *run, done chan struct{}) {
+	id := r.rec.Id
 	e.mu.Lock()
 	e.runs[id] = r
 	e.mu.Unlock()
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		r.execute(swapCtx)
+		if done != nil {
+			defer close(done)
+		}
+		r.execute(ctx)
 		e.mu.Lock()
 		delete(e.runs, id)
 		e.mu.Unlock()
 	}()
-	return sub, nil
 }
 
 // Watch subscribes to a running swap; for an ended one it returns its record.

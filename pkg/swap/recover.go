@@ -35,7 +35,9 @@ func (e *Engine) Recover(ctx context.Context) error {
 	}
 	var errs []error
 	for _, j := range entries {
-		if err := e.recoverOne(ctx, j); err != nil {
+		err := e.recoverOne(ctx, j)
+		e.obs.Recovered(j.SwapID, err)
+		if err != nil {
 			errs = append(errs, fmt.Errorf("recover swap %s: %w", j.SwapID, err))
 		}
 	}

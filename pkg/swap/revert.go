@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -70,6 +71,7 @@ func (e *Engine) List(ctx context.Context, t *inplacedv1.Target) ([]*inplacedv1.
 	if err != nil {
 		return nil, fmt.Errorf("read swap history: %w", err)
 	}
+	all = append(all, e.running(all)...)
 	if t == nil || (t.Pod == "" && t.ContainerId == "" && t.Container == "") {
 		return all, nil
 	}
@@ -92,4 +94,23 @@ func matches(r *inplacedv1.SwapRecord, t *inplacedv1.Target) bool {
 		return false
 	}
 	return (t.Namespace == "" || t.Namespace == r.Namespace) && (t.Pod == "" || t.Pod == r.Pod) && (t.Container == "" || t.Container == r.Container)
+}
+
+// running returns the records of swaps still under way that the history
+// does not hold yet (a kubelet-driven swap's pull, say), oldest first.
+func (e *Engine) running(history []*inplacedv1.SwapRecord) []*inplacedv1.SwapRecord {
+	have := make(map[string]bool, len(history))
+	for _, r := range history {
+		have[r.Id] = true
+	}
+	e.mu.Lock()
+	var out []*inplacedv1.SwapRecord
+	for id, r := range e.runs {
+		if rec := r.record(); !have[id] && rec != nil {
+			out = append(out, rec)
+		}
+	}
+	e.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Id < out[j].Id })
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -18,6 +19,7 @@ import (
 // Step names, as shown to users and accepted by the crash test switch.
 const (
 	StepPull       = "pull"
+	StepDrain      = "drain"
 	StepPreStop    = "pre-stop"
 	StepStopOld    = "stop-old"
 	StepCreateNew  = "create-new"
@@ -47,6 +49,15 @@ type run struct {
 	newReq  *runtimeapi.CreateContainerRequest
 	bc      broadcaster
 	started time.Time
+	kube    *kubeletRun // set for a kubelet-driven swap
+	hooks   Hooks
+	endErr  error
+
+	// shown is a copy of rec for listings while the swap runs (rec itself
+	// belongs to the run's goroutine); running is the step under way.
+	shownMu sync.Mutex
+	shown   *inplacedv1.SwapRecord
+	running *inplacedv1.Step
 }
 
 func newRun(e *Engine, id, kind string, t *target, change *inplacedv1.Change, opts *inplacedv1.SwapOptions,
@@ -64,7 +75,7 @@ func newRun(e *Engine, id, kind string, t *target, change *inplacedv1.Change, op
 		Namespace: c.Labels[LabelPodNamespace], Pod: c.Labels[LabelPodName], Container: t.name,
 		SandboxId: c.PodSandboxId, OldContainerId: c.Id, RunningContainerId: c.Id,
 		From:   summary(t.request.Config),
-		Caller: &inplacedv1.Caller{Uid: caller.UID, Pid: caller.PID},
+		Caller: &inplacedv1.Caller{Uid: caller.UID, Pid: caller.PID, Exe: caller.Exe, Description: caller.Description},
 		State:  inplacedv1.SwapState_SWAP_STATE_RUNNING, StartedUnixNano: now.UnixNano(),
 	}
 	r.j = &store.JournalEntry{SwapID: id, Kind: kind, SandboxID: c.PodSandboxId, ContainerName: t.name, OldContainerID: c.Id}
@@ -73,6 +84,32 @@ func newRun(e *Engine, id, kind string, t *target, change *inplacedv1.Change, op
 }
 
 func (r *run) subscribe() *Subscription { return r.bc.subscribe() }
+
+// admitted records the admission check's warning, if any.
+func (r *run) admitted(warning string) {
+	if warning == "" {
+		return
+	}
+	now := r.e.now().UnixNano()
+	r.rec.Steps = append(r.rec.Steps, &inplacedv1.Step{Name: StepAdmission, StartedUnixNano: now, Error: warning})
+	r.log.Warn("swap goes on despite the admission check", zap.String("warning", warning))
+}
+
+// snapshot publishes a copy of the record for listings; running, when set,
+// is the step under way.
+func (r *run) snapshot(running ...*inplacedv1.Step) {
+	c := proto.Clone(r.rec).(*inplacedv1.SwapRecord)
+	c.Steps = append(c.Steps, running...)
+	r.shownMu.Lock()
+	r.shown = c
+	r.shownMu.Unlock()
+}
+
+func (r *run) record() *inplacedv1.SwapRecord {
+	r.shownMu.Lock()
+	defer r.shownMu.Unlock()
+	return r.shown
+}
 
 func (r *run) emit(step, msg string) {
 	r.bc.publish(&inplacedv1.SwapEvent{SwapId: r.rec.Id, Step: step, Message: msg, TimeUnixNano: r.e.now().UnixNano()})
@@ -96,6 +133,9 @@ func (r *run) step(name string, js store.JournalStep, fn func() error) error {
 	}
 	start := r.e.now()
 	r.emit(name, "started")
+	r.running = &inplacedv1.Step{Name: name, StartedUnixNano: start.UnixNano()}
+	r.snapshot(r.running)
+	r.e.obs.StepStarted(r.rec, name)
 	err := fn()
 	st := &inplacedv1.Step{Name: name, StartedUnixNano: start.UnixNano(), DurationNs: int64(r.e.now().Sub(start))}
 	if err != nil {
@@ -107,6 +147,8 @@ func (r *run) step(name string, js store.JournalStep, fn func() error) error {
 		r.log.Info("swap step done", zap.String("step", name), zap.Duration("duration", time.Duration(st.DurationNs)))
 	}
 	r.rec.Steps = append(r.rec.Steps, st)
+	r.snapshot()
+	r.e.obs.StepEnded(r.rec, st)
 	if err == nil {
 		r.e.maybeCrash(name)
 	}
@@ -119,22 +161,67 @@ func (r *run) step(name string, js store.JournalStep, fn func() error) error {
 // recreate them.
 func (r *run) execute(ctx context.Context) {
 	out := fence.Outcome{RunningID: r.t.container.Id}
+	stopped := false
 	defer func() {
-		r.e.fences.Release(r.fence, out)
+		if r.fence != nil {
+			r.e.fences.Release(r.fence, out)
+		}
+		if r.kube != nil {
+			r.kubeletResult(out, stopped, r.endErr)
+		}
 		r.bc.close()
 	}()
 	r.log.Info("swap started", zap.String("kind", r.rec.Kind))
+	r.e.tell(false, r.rec)
 
 	var imageRef, userImage string
-	err := r.step(StepPull, store.StepPrepared, func() (err error) {
-		imageRef, userImage, err = r.pull(ctx)
+	pullJournal := store.StepPrepared
+	pull := r.pull
+	if r.kube != nil {
+		// Nothing is touched until kubelet's StopContainer: no journal.
+		pullJournal, pull = "", r.pullWithAuths
+	}
+	err := r.step(StepPull, pullJournal, func() (err error) {
+		imageRef, userImage, err = pull(ctx)
 		return err
 	})
 	if err != nil {
+		if r.kube != nil {
+			r.awaitProceed(ctx, err)
+			if ctx.Err() != nil {
+				r.finish(out, inplacedv1.SwapState_SWAP_STATE_ABORTED, fmt.Errorf("not carried out (%w) while pulling; the old container runs on", context.Cause(ctx)))
+				return
+			}
+		}
 		r.finish(out, inplacedv1.SwapState_SWAP_STATE_FAILED, fmt.Errorf("pull failed, old container untouched: %w", err))
 		return
 	}
+	r.rec.ImageRef = imageRef
 	newCfg := applyChange(r.oldReq.Config, r.change, imageRef, userImage)
+	if r.kube != nil {
+		if !r.awaitProceed(ctx, nil) {
+			return
+		}
+		// From here the swap runs to its end: only a pod removal or
+		// kubelet's own calls (through the fence) can abort it.
+		f, fctx, err := r.e.fences.Acquire(context.Background(), fence.Key{SandboxID: r.t.container.PodSandboxId, Name: r.t.name}, r.rec.Id, r.t.container.Id)
+		if err != nil {
+			r.finish(out, inplacedv1.SwapState_SWAP_STATE_ABORTED, fmt.Errorf("not carried out: %w; kubelet's stop goes ahead", err))
+			return
+		}
+		r.fence, ctx = f, fctx
+		if err := r.journal(store.StepPrepared); err != nil {
+			r.finish(out, inplacedv1.SwapState_SWAP_STATE_FAILED, err)
+			return
+		}
+		newCfg = r.kubeletConfig(imageRef, userImage)
+	}
+	if h := r.hooks.SpecHash; h != "" && r.kube == nil {
+		if newCfg.Annotations == nil {
+			newCfg.Annotations = map[string]string{}
+		}
+		newCfg.Annotations[AnnotationHash] = h // newCfg is applyChange's copy
+	}
 	r.j.NewAttempt = nextAttempt(newCfg, r.oldReq.Config)
 	r.newReq = &runtimeapi.CreateContainerRequest{PodSandboxId: r.oldReq.PodSandboxId, Config: newCfg, SandboxConfig: r.oldReq.SandboxConfig}
 	r.j.NewRequest, _ = proto.Marshal(r.newReq)
@@ -156,6 +243,9 @@ func (r *run) execute(ctx context.Context) {
 		}
 		newID = resp.ContainerId
 		r.fence.Hide(r.e.fences, newID)
+		if r.hooks.SpecHash != "" && r.kube == nil {
+			r.e.fences.PresentHash(newID, r.oldReq.Config.GetAnnotations()[AnnotationHash])
+		}
 		r.rec.NewContainerId = newID
 		r.j.NewContainerID = newID
 		return r.e.store.PutContainer(newID, r.newReq)
@@ -165,6 +255,9 @@ func (r *run) execute(ctx context.Context) {
 		return
 	}
 
+	if h := r.hooks.BeforeStop; h != nil {
+		_ = r.step(StepDrain, "", func() error { return h(ctx) })
+	}
 	grace := r.gracePeriod()
 	preStopStart := r.e.now()
 	if !r.opts.GetSkipPreStop() {
@@ -179,9 +272,13 @@ func (r *run) execute(ctx context.Context) {
 	r.fence.Mask(r.e.fences, r.t.status, r.t.container)
 	err = r.step(StepStopOld, store.StepStopOld, func() error {
 		timeout := stopTimeout(grace, r.e.now().Sub(preStopStart))
+		if r.kube != nil {
+			timeout = r.kube.stopTimeout // kubelet already ran preStop and took its time off
+		}
 		_, err := r.e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: r.t.container.Id, Timeout: timeout})
 		return err
 	})
+	stopped = err == nil
 	// Downtime as the issue defines it: old container stopped → new
 	// container running. The stop itself (the app's own graceful shutdown)
 	// is in the stop-old step's timing.
@@ -205,11 +302,20 @@ func (r *run) execute(ctx context.Context) {
 			return
 		}
 	}
-	if err := r.step(StepHealthGate, store.StepHealthGate, func() error { return r.healthGate(ctx, newID) }); err != nil {
-		r.fail(ctx, &out, newID, fmt.Errorf("health gate: %w", err))
-		return
+	// A kubelet-driven swap is not health-gated here: the spec declares the
+	// new image, so kubelet's probes and restart policy govern it, and
+	// rolling back to an image the spec no longer names would fight kubelet.
+	if r.kube == nil {
+		if err := r.step(StepHealthGate, store.StepHealthGate, func() error { return r.healthGate(ctx, newID) }); err != nil {
+			r.fail(ctx, &out, newID, fmt.Errorf("health gate: %w", err))
+			return
+		}
 	}
-	if err := r.step(StepCommit, "", func() error { return r.commit(newID) }); err != nil {
+	commit := r.commit
+	if r.kube != nil {
+		commit = func(string) error { return r.kubeletCommit() }
+	}
+	if err := r.step(StepCommit, "", func() error { return commit(newID) }); err != nil {
 		// The new container runs and kubelet will adopt it; only the sticky
 		// override could not be written.
 		r.log.Error("commit bookkeeping failed", zap.Error(err))
@@ -239,12 +345,50 @@ func (r *run) pull(ctx context.Context) (imageRef, userImage string, err error) 
 	if h := r.oldReq.Config.GetImage().GetRuntimeHandler(); h != "" {
 		req.Image.RuntimeHandler = h
 	}
-	resp, err := r.e.img.PullImage(ctx, req)
+	ref, err := r.pullImage(ctx, req)
 	r.auth = nil // credentials live for the pull only
 	if err != nil {
 		return "", "", fmt.Errorf("pull %s: %w", userImage, err)
 	}
-	return resp.ImageRef, userImage, nil
+	return ref, userImage, nil
+}
+
+// pullImage pulls through the Puller when there is one, publishing its
+// progress on the swap's event stream (at most every progressEvery).
+func (r *run) pullImage(ctx context.Context, req *runtimeapi.PullImageRequest) (string, error) {
+	if r.e.puller == nil {
+		resp, err := r.e.img.PullImage(ctx, req)
+		if err != nil {
+			return "", err
+		}
+		return resp.ImageRef, nil
+	}
+	var last time.Time
+	return r.e.puller.Pull(ctx, req, func(p *inplacedv1.PullProgress) {
+		if now := r.e.now(); p.Done || now.Sub(last) >= progressEvery {
+			last = now
+			if st := r.running; st != nil && st.Name == StepPull {
+				// Listings of running swaps show how far the pull is.
+				shown := proto.Clone(st).(*inplacedv1.Step)
+				shown.Pull = proto.Clone(p).(*inplacedv1.PullProgress)
+				r.snapshot(shown)
+			}
+			r.bc.publish(&inplacedv1.SwapEvent{SwapId: r.rec.Id, Step: StepPull, Message: progressText(p),
+				TimeUnixNano: now.UnixNano(), Pull: p})
+		}
+	})
+}
+
+// progressEvery spaces the pull progress events of a swap.
+const progressEvery = 500 * time.Millisecond
+
+// progressText is a pull's progress in words, for event messages.
+func progressText(p *inplacedv1.PullProgress) string {
+	if !p.BytesKnown {
+		return fmt.Sprintf("pulling %s, %s elapsed (%s)", p.Image, time.Duration(p.ElapsedNs).Round(time.Second), p.Note)
+	}
+	return fmt.Sprintf("%s: %.1f/%.1f MiB, %d/%d layers, %.1f MiB/s", p.Image, float64(p.BytesDone)/(1<<20),
+		float64(p.BytesTotal)/(1<<20), p.LayersDone, p.LayersTotal, float64(p.BytesPerSecond)/(1<<20))
 }
 
 // commit makes the swap sticky: kubelet's next CreateContainer for this
@@ -252,7 +396,11 @@ func (r *run) pull(ctx context.Context) (imageRef, userImage string, err error) 
 func (r *run) commit(newID string) error {
 	c := r.t.container
 	if r.rec.Kind == "revert" {
-		return r.e.store.DeleteOverride(c.PodSandboxId, r.t.name)
+		if err := r.e.store.DeleteOverride(c.PodSandboxId, r.t.name); err != nil {
+			return err
+		}
+		r.e.obs.OverrideChanged(r.rec, false)
+		return nil
 	}
 	cfg := r.newReq.Config
 	o := &store.Override{
@@ -272,7 +420,11 @@ func (r *run) commit(newID string) error {
 	} else {
 		o.Declared, _ = proto.Marshal(r.oldReq)
 	}
-	return r.e.store.PutOverride(o)
+	if err := r.e.store.PutOverride(o); err != nil {
+		return err
+	}
+	r.e.obs.OverrideChanged(r.rec, true)
+	return nil
 }
 
 // abandon ends a swap that never stopped the old container: the new
@@ -308,6 +460,17 @@ func (r *run) fail(ctx context.Context, out *fence.Outcome, newID string, cause 
 	}
 	if newID != "" {
 		r.rec.ExitCode = r.exitCode(cctx, newID)
+	}
+	if r.kube != nil {
+		// kubelet is about to create the container from the spec itself:
+		// step aside rather than roll back to a config it would kill.
+		if newID != "" {
+			r.removeContainer(cctx, newID)
+		}
+		*out = fence.Outcome{}
+		r.rec.RunningContainerId = ""
+		r.finish(*out, inplacedv1.SwapState_SWAP_STATE_FAILED, fmt.Errorf("%w; the old container is stopped and kubelet creates the new one itself", cause))
+		return
 	}
 	var rbID string
 	err := r.step(StepRollback, store.StepRollingBack, func() (err error) {
@@ -354,6 +517,7 @@ func (e *Engine) recreate(ctx context.Context, req *runtimeapi.CreateContainerRe
 }
 
 func (r *run) removeContainer(ctx context.Context, id string) {
+	r.e.fences.EndPresent(id)
 	if _, err := r.e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 2}); err != nil {
 		r.log.Warn("stop swapped-in container", zap.String("new_container_id", id), zap.Error(err))
 	}
@@ -376,9 +540,11 @@ func (r *run) exitCode(ctx context.Context, id string) int32 {
 func (r *run) finish(out fence.Outcome, state inplacedv1.SwapState, err error) {
 	r.rec.State = state
 	r.rec.FinishedUnixNano = r.e.now().UnixNano()
+	r.endErr = err
 	if err != nil {
 		r.rec.Error = err.Error()
 	}
+	r.snapshot()
 	if perr := r.e.store.PutSwap(r.rec); perr != nil {
 		r.log.Error("record swap", zap.Error(perr))
 	}
@@ -392,6 +558,7 @@ func (r *run) finish(out fence.Outcome, state inplacedv1.SwapState, err error) {
 	} else {
 		r.log.Info("swap ended", fields...)
 	}
+	r.e.tell(true, r.rec)
 	r.bc.publish(&inplacedv1.SwapEvent{SwapId: r.rec.Id, Step: "end", Message: state.String(),
 		TimeUnixNano: r.e.now().UnixNano(), Record: proto.Clone(r.rec).(*inplacedv1.SwapRecord)})
 }

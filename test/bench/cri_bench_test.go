@@ -213,6 +213,9 @@ func criMeasure(b *testing.B, direct *harness.CRIClient, proxies []criProxy, cal
 		paths = append(paths, p.cri)
 	}
 	samples := make([][]time.Duration, len(paths))
+	// perRound keeps each path's samples round by round, for the drift of
+	// its p50 across the cell (report.Latency.WindowP50).
+	perRound := make([][][]time.Duration, len(paths))
 	var seq, proxyCalls int
 	batch := func(path int, record bool) {
 		c := paths[path]
@@ -255,9 +258,12 @@ func criMeasure(b *testing.B, direct *harness.CRIClient, proxies []criProxy, cal
 			b.Fatalf("%s: %v", call.name, firstErr)
 		}
 		if record {
+			var r []time.Duration
 			for _, s := range out {
-				samples[path] = append(samples[path], s...)
+				r = append(r, s...)
 			}
+			samples[path] = append(samples[path], r...)
+			perRound[path] = append(perRound[path], r)
 		}
 	}
 	round := 0
@@ -271,18 +277,24 @@ func criMeasure(b *testing.B, direct *harness.CRIClient, proxies []criProxy, cal
 	for p := range paths {
 		batch(p, false)
 	}
+	load := startLoadSampler()
 	for b.Loop() {
 		one()
 	}
 	for slices.ContainsFunc(samples, func(s []time.Duration) bool { return len(s) < criMinSamples }) {
 		one()
 	}
+	cond := load.finish()
+	windows := make([][]int64, len(paths))
+	for i := range paths {
+		windows[i] = windowP50s(perRound[i])
+	}
 	dir := report.Summarize(samples[0])
 	var out []*report.Latency
 	us := func(ns int64) float64 { return float64(ns) / 1e3 }
 	for i, p := range proxies {
 		l := &report.Latency{Method: call.name, Concurrency: conc, Rounds: round, Note: call.note, Variant: p.variant,
-			Direct: dir, Proxy: report.Summarize(samples[i+1])}
+			Direct: dir, Proxy: report.Summarize(samples[i+1]), Conditions: cond, WindowP50: windows[i+1]}
 		out = append(out, l)
 		suffix := ""
 		if p.variant != "" {
@@ -297,5 +309,7 @@ func criMeasure(b *testing.B, direct *harness.CRIClient, proxies []criProxy, cal
 		b.ReportMetric(us(l.Proxy.P99), "proxy"+suffix+"-p99-µs")
 		b.ReportMetric(float64(l.Proxy.P99)/float64(l.Direct.P99), "p99-ratio"+suffix)
 	}
+	b.Logf("%s c%d: other work %.2f CPU, load %.1f→%.1f, run queue %.1f (max %d)", call.name, conc,
+		cond.ForeignCPU, cond.Load1Start, cond.Load1Max, cond.RunQueueMean, cond.RunQueueMax)
 	return out, proxyCalls
 }

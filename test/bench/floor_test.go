@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inplaced/inplaced/test/bench/report"
 	"github.com/inplaced/inplaced/test/harness"
 )
 
@@ -18,7 +19,7 @@ import (
 // HTTP/2 stream; what a floor adds over direct is what the machine charges
 // for one more process on the path.
 const (
-	criFloorGo    = "floor: Go byte relay"
+	criFloorGo    = report.GoFloor
 	criFloorSocat = "floor: socat -b 1 MiB"
 )
 

@@ -2,7 +2,9 @@
 // benchmarks and conformance runs: an in-process OCI registry on loopback with
 // test images built from busybox-static and test/images/app, and private
 // containerd instances (Debian's 1.6 and 2.4 from the Go module proxy), each with
-// its own root, state, socket, CNI bridge and subnet.
+// its own root, state, socket, CNI bridge and subnet; a real kubelet, standalone
+// or registered as a Node to a real control plane (etcd and kube-apiserver on
+// loopback, StartControlPlane).
 //
 // Everything a helper starts is stopped and removed through tb.Cleanup, and only
 // what it started: processes are found by the instance's own directory in their
@@ -27,6 +29,10 @@ const (
 	ContainerdVersion = "v2.4.2"
 	CriToolsVersion   = "v1.37.0"
 	KubeletVersion    = "v1.37.2"
+	// KubeAPIServerVersion and EtcdVersion are built by
+	// hack/build-control-plane.sh.
+	KubeAPIServerVersion = "v1.37.2"
+	EtcdVersion          = "v3.6.16"
 )
 
 // CI reports whether the environment variable CI is "true": missing
@@ -66,6 +72,12 @@ func CrictlPath() string {
 	return toolPath("INPLACED_CRICTL", filepath.Join(ToolsDir(), "bin", "crictl"))
 }
 
+// PromtoolPath is promtool from the pinned Prometheus module in ToolsDir
+// ($INPLACED_PROMTOOL overrides it).
+func PromtoolPath() string {
+	return toolPath("INPLACED_PROMTOOL", filepath.Join(ToolsDir(), "bin", "promtool"))
+}
+
 // CritestPath is critest v1.37 from ToolsDir ($INPLACED_CRITEST overrides it).
 func CritestPath() string {
 	return toolPath("INPLACED_CRITEST", filepath.Join(ToolsDir(), "bin", "critest"))
@@ -75,6 +87,19 @@ func CritestPath() string {
 // overrides it).
 func KubeletPath() string {
 	return toolPath("INPLACED_KUBELET", filepath.Join(ToolsDir(), "kubelet-"+KubeletVersion, "kubelet"))
+}
+
+// KubeAPIServerPath is the kube-apiserver built by
+// hack/build-control-plane.sh ($INPLACED_KUBE_APISERVER overrides it).
+func KubeAPIServerPath() string {
+	return toolPath("INPLACED_KUBE_APISERVER",
+		filepath.Join(ToolsDir(), "kube-apiserver-"+KubeAPIServerVersion, "kube-apiserver"))
+}
+
+// EtcdPath is the etcd built by hack/build-control-plane.sh ($INPLACED_ETCD
+// overrides it).
+func EtcdPath() string {
+	return toolPath("INPLACED_ETCD", filepath.Join(ToolsDir(), "etcd-"+EtcdVersion, "etcd"))
 }
 
 // BusyboxPath is the static busybox the test images are built from

@@ -33,7 +33,7 @@ type Inplaced struct {
 	waitErr error
 }
 
-// BinDir is where inplaced and inplacectl are: $INPLACED_BIN, else built
+// BinDir is where inplaced, inplacectl and kubectl-inplace are: $INPLACED_BIN, else built
 // once per test process into a temp dir.
 func BinDir(tb testing.TB) string {
 	tb.Helper()
@@ -48,7 +48,7 @@ func BinDir(tb testing.TB) string {
 		}
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(file), "..", "..")
-		for _, c := range []string{"inplaced", "inplacectl"} {
+		for _, c := range []string{"inplaced", "inplacectl", "kubectl-inplace"} {
 			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, c), "./cmd/"+c)
 			cmd.Dir = root
 			if out, err := cmd.CombinedOutput(); err != nil {
@@ -88,6 +88,12 @@ func StartInplaced(tb testing.TB, backendEndpoint string, env ...string) *Inplac
 		_ = d.Stop()
 		if tb.Failed() {
 			tb.Logf("inplaced log tail:\n%s", d.LogTail(60))
+			if dst := os.Getenv("INPLACED_ARTIFACTS"); dst != "" {
+				name := strings.NewReplacer("/", "_", " ", "_").Replace(tb.Name()) + "-" + filepath.Base(dir)
+				if err := os.MkdirAll(filepath.Join(dst, name), 0o755); err == nil {
+					_ = copyFile(d.LogPath, filepath.Join(dst, name, "inplaced.log"))
+				}
+			}
 		}
 		_ = os.RemoveAll(dir)
 	})

@@ -26,10 +26,11 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// Kubelet is a real standalone kubelet (static pods from a manifest directory,
-// no API server) started by StartKubelet, with its CRI runtime and image
-// endpoints at a given socket (usually inplaced in front of a private
-// containerd).
+// Kubelet is a real kubelet started by StartKubelet, with its CRI runtime and
+// image endpoints at a given socket (usually inplaced in front of a private
+// containerd). It is standalone (static pods from a manifest directory, no API
+// server) unless KubeletOptions.Kubeconfig is set: then it also registers as
+// Node NodeName and runs the pods bound to it (ControlPlane.StartKubelet).
 //
 // What it puts on the machine, and how Close takes it back:
 //   - Dir holds its config, --root-dir, --cert-dir, the manifests, podLogsDir,
@@ -39,8 +40,10 @@ import (
 //     created by the harness in every cgroup v1 hierarchy so that kubelet's
 //     kubepods/... tree and the containers' cgroups are below it; Close
 //     removes exactly that tree (rmdir, bottom-up).
-//   - The static pods' sandboxes (name suffix "-"+NodeName) are stopped and
-//     removed through CRI after kubelet has stopped.
+//   - Its pods' sandboxes are stopped and removed through CRI after kubelet
+//     has stopped: the static pods' (name suffix "-"+NodeName) and those of
+//     every pod kubelet knew (pod UID label: a directory in RootDir/pods or
+//     PodLogsDir, or a pod on the read-only port at Close).
 //   - kubelet sets six kernel sysctls at start (vm.overcommit_memory,
 //     vm.panic_on_oom, kernel.panic, kernel.panic_on_oops,
 //     kernel.keys.root_maxkeys/maxbytes; protectKernelDefaults would make it
@@ -65,7 +68,10 @@ type Kubelet struct {
 	ConfigPath  string
 	LogPath     string
 	// NodeName is --hostname-override; static pods are named <name>-NodeName.
+	// With a Kubeconfig it is the name of the Node kubelet registers.
 	NodeName string
+	// Kubeconfig is kubelet's --kubeconfig (a copy in Dir), "" when standalone.
+	Kubeconfig string
 	// ReadOnlyPort serves GET /pods (a PodList) on 127.0.0.1 without auth.
 	ReadOnlyPort int
 	Port         int
@@ -108,6 +114,13 @@ type KubeletOptions struct {
 	FileCheckFrequency time.Duration
 	// Verbosity is klog's -v (default 2).
 	Verbosity int
+	// NodeName is --hostname-override (default: a fresh "ipk-<rand>").
+	NodeName string
+	// Kubeconfig, when set, is a kubeconfig with the credentials of Node
+	// NodeName (ControlPlane.NodeKubeconfig): kubelet registers that Node and
+	// runs the API's pods bound to it (spec.nodeName), besides static pods.
+	// Without it kubelet runs standalone.
+	Kubeconfig string
 }
 
 // kernelTunables are the sysctls kubelet's container manager sets at start
@@ -179,11 +192,14 @@ func StartKubelet(tb testing.TB, o KubeletOptions) *Kubelet {
 		tb.Fatalf("kubelet: %v", err)
 	}
 	suffix := randHex(4)
+	if o.NodeName == "" {
+		o.NodeName = "ipk-" + suffix
+	}
 	k := &Kubelet{
 		Dir: dir, RootDir: filepath.Join(dir, "root"), CertDir: filepath.Join(dir, "pki"),
 		ManifestDir: filepath.Join(dir, "manifests"), PodLogsDir: filepath.Join(dir, "pod-logs"),
 		ConfigPath: filepath.Join(dir, "kubelet.yaml"), LogPath: filepath.Join(dir, "kubelet.log"),
-		NodeName: "ipk-" + suffix, CgroupRoot: "/inplaced-kubelet-" + suffix,
+		NodeName: o.NodeName, CgroupRoot: "/inplaced-kubelet-" + suffix,
 		SyncFrequency: o.SyncFrequency, RuntimeEndpoint: o.RuntimeEndpoint, ImageEndpoint: o.ImageEndpoint,
 		BackendEndpoint: o.BackendEndpoint, tb: tb,
 	}
@@ -223,13 +239,27 @@ func StartKubelet(tb testing.TB, o KubeletOptions) *Kubelet {
 	if err := os.WriteFile(k.ConfigPath, []byte(k.config(o)), 0o644); err != nil {
 		tb.Fatalf("kubelet: %v", err)
 	}
+	if o.Kubeconfig != "" {
+		// kubelet's own copy: its command line names only Dir.
+		k.Kubeconfig = filepath.Join(dir, "kubeconfig")
+		if err := copyFile(o.Kubeconfig, k.Kubeconfig); err != nil {
+			tb.Fatalf("kubelet: kubeconfig: %v", err)
+		}
+	}
 	if err := k.start(o.Verbosity); err != nil {
 		tb.Fatalf("start kubelet: %v\n%s", err, k.LogTail(60))
 	}
-	tb.Logf("kubelet %s running: pid %d, node %s, read-only port %d, cgroup root %s, CRI %s",
-		KubeletVersion, k.PID(), k.NodeName, k.ReadOnlyPort, k.CgroupRoot, k.RuntimeEndpoint)
+	mode := "standalone"
+	if k.Kubeconfig != "" {
+		mode = "registered to an API server"
+	}
+	tb.Logf("kubelet %s running (%s): pid %d, node %s, read-only port %d, cgroup root %s, CRI %s",
+		KubeletVersion, mode, k.PID(), k.NodeName, k.ReadOnlyPort, k.CgroupRoot, k.RuntimeEndpoint)
 	return k
 }
+
+// newNodeName is a fresh node name for a test kubelet.
+func newNodeName() string { return "ipk-" + randHex(4) }
 
 func randHex(n int) string {
 	b := make([]byte, n)
@@ -332,9 +362,16 @@ func (k *Kubelet) start(verbosity int) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(KubeletPath(),
-		"--config", k.ConfigPath, "--root-dir", k.RootDir, "--cert-dir", k.CertDir,
-		"--hostname-override", k.NodeName, "--node-ip", "127.0.0.1", "-v", strconv.Itoa(verbosity))
+	args := []string{"--config", k.ConfigPath, "--root-dir", k.RootDir, "--cert-dir", k.CertDir,
+		"--hostname-override", k.NodeName, "-v", strconv.Itoa(verbosity)}
+	if k.Kubeconfig != "" {
+		// A registered kubelet refuses a loopback --node-ip ("nodeIP can't
+		// be loopback address"): the Node gets the host's addresses.
+		args = append(args, "--kubeconfig", k.Kubeconfig)
+	} else {
+		args = append(args, "--node-ip", "127.0.0.1")
+	}
+	cmd := exec.Command(KubeletPath(), args...)
 	cmd.Dir = k.Dir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = filteredEnv("KUBECONFIG", "NOTIFY_SOCKET")
@@ -764,11 +801,15 @@ func (k *Kubelet) close() error {
 		k.tb.Logf("kubelet log (last 80 lines):\n%s", k.LogTail(80))
 		k.saveArtifacts()
 	}
+	uids := k.podUIDs()
 	k.Stop()
 	if err := killProcsOf(k.Dir, 15*time.Second); err != nil {
 		errs = append(errs, err)
 	}
-	if err := k.removePods(); err != nil {
+	for uid := range k.podUIDs() {
+		uids[uid] = true
+	}
+	if err := k.removePods(uids); err != nil {
 		errs = append(errs, err)
 	}
 	if err := unmountUnder(k.Dir); err != nil {
@@ -804,17 +845,46 @@ func (k *Kubelet) close() error {
 	return errors.Join(errs...)
 }
 
-// removePods stops and removes the sandboxes of this kubelet's static pods.
-func (k *Kubelet) removePods() error {
-	err := k.removePodsAt(k.RuntimeEndpoint)
+// podUIDs are the UIDs of the pods this kubelet knows: its pod directories
+// (RootDir/pods/<uid>, made before a pod's sandbox), its pod log directories
+// (PodLogsDir/<ns>_<name>_<uid>, removed by its garbage collection only after
+// the pod's sandboxes) and, while it runs, the pods on its read-only port.
+func (k *Kubelet) podUIDs() map[string]bool {
+	uids := map[string]bool{}
+	if ents, err := os.ReadDir(filepath.Join(k.RootDir, "pods")); err == nil {
+		for _, e := range ents {
+			uids[e.Name()] = true
+		}
+	}
+	if ents, err := os.ReadDir(k.PodLogsDir); err == nil {
+		for _, e := range ents {
+			if i := strings.LastIndexByte(e.Name(), '_'); i >= 0 {
+				uids[e.Name()[i+1:]] = true
+			}
+		}
+	}
+	if k.PID() != 0 {
+		if pods, err := k.Pods(context.Background()); err == nil {
+			for _, p := range pods {
+				uids[p.Metadata.UID] = true
+			}
+		}
+	}
+	return uids
+}
+
+// removePods stops and removes the sandboxes of this kubelet's pods: the
+// static pods' and those whose pod UID is in uids.
+func (k *Kubelet) removePods(uids map[string]bool) error {
+	err := k.removePodsAt(k.RuntimeEndpoint, uids)
 	if err != nil && k.BackendEndpoint != "" {
 		k.tb.Logf("kubelet cleanup: %v; removing the pods at %s", err, k.BackendEndpoint)
-		err = k.removePodsAt(k.BackendEndpoint)
+		err = k.removePodsAt(k.BackendEndpoint, uids)
 	}
 	return err
 }
 
-func (k *Kubelet) removePodsAt(endpoint string) error {
+func (k *Kubelet) removePodsAt(endpoint string, uids map[string]bool) error {
 	cli, err := dialCRI(endpoint)
 	if err != nil {
 		return err
@@ -822,7 +892,7 @@ func (k *Kubelet) removePodsAt(endpoint string) error {
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ids, err := k.sandboxes(ctx, cli)
+	ids, err := k.sandboxes(ctx, cli, uids)
 	if err != nil {
 		return err
 	}
@@ -838,15 +908,16 @@ func (k *Kubelet) removePodsAt(endpoint string) error {
 	return errors.Join(errs...)
 }
 
-// sandboxes lists the IDs of this kubelet's pod sandboxes.
-func (k *Kubelet) sandboxes(ctx context.Context, cli *CRIClient) ([]string, error) {
+// sandboxes lists the IDs of this kubelet's pod sandboxes: static pods (name
+// suffix) and pods whose UID label is in uids.
+func (k *Kubelet) sandboxes(ctx context.Context, cli *CRIClient, uids map[string]bool) ([]string, error) {
 	resp, err := cli.Runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
 	if err != nil {
 		return nil, fmt.Errorf("list pod sandboxes: %w", err)
 	}
 	var ids []string
 	for _, p := range resp.Items {
-		if strings.HasSuffix(p.GetMetadata().GetName(), "-"+k.NodeName) {
+		if strings.HasSuffix(p.GetMetadata().GetName(), "-"+k.NodeName) || uids[p.GetMetadata().GetUid()] {
 			ids = append(ids, p.Id)
 		}
 	}

@@ -756,8 +756,11 @@ type Step struct {
 	StartedUnixNano int64                  `protobuf:"varint,2,opt,name=started_unix_nano,json=startedUnixNano,proto3" json:"started_unix_nano,omitempty"`
 	DurationNs      int64                  `protobuf:"varint,3,opt,name=duration_ns,json=durationNs,proto3" json:"duration_ns,omitempty"`
 	Error           string                 `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// pull: the latest progress while the step runs (listings of running
+	// swaps: inplacectl swaps, ps).
+	Pull          *PullProgress `protobuf:"bytes,5,opt,name=pull,proto3" json:"pull,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Step) Reset() {
@@ -818,10 +821,22 @@ func (x *Step) GetError() string {
 	return ""
 }
 
+func (x *Step) GetPull() *PullProgress {
+	if x != nil {
+		return x.Pull
+	}
+	return nil
+}
+
 type Caller struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Uid           int64                  `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
-	Pid           int64                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Uid   int64                  `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	Pid   int64                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	// who asked, in words: e.g. "kubelet (pod spec)" for a swap kubelet's
+	// own restart of the container for a changed pod spec turned into.
+	Description string `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	// the caller's executable (/proc/<pid>/exe when it connected)
+	Exe           string `protobuf:"bytes,4,opt,name=exe,proto3" json:"exe,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -868,6 +883,20 @@ func (x *Caller) GetPid() int64 {
 		return x.Pid
 	}
 	return 0
+}
+
+func (x *Caller) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *Caller) GetExe() string {
+	if x != nil {
+		return x.Exe
+	}
+	return ""
 }
 
 // ConfigSummary is the part of a container config a swap may change.
@@ -959,9 +988,16 @@ type SwapRecord struct {
 	FinishedUnixNano   int64                  `protobuf:"varint,16,opt,name=finished_unix_nano,json=finishedUnixNano,proto3" json:"finished_unix_nano,omitempty"`
 	RunningContainerId string                 `protobuf:"bytes,17,opt,name=running_container_id,json=runningContainerId,proto3" json:"running_container_id,omitempty"` // what runs under that name now
 	ExitCode           int32                  `protobuf:"varint,18,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`                                // of the new container when the health gate failed
-	Kind               string                 `protobuf:"bytes,19,opt,name=kind,proto3" json:"kind,omitempty"`                                                         // "swap" or "revert"
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	Kind               string                 `protobuf:"bytes,19,opt,name=kind,proto3" json:"kind,omitempty"`                                                         // "swap", "revert" or "kubelet"
+	// kind "kubelet": what became of kubelet's own PullImage/CreateContainer/
+	// StartContainer for the name after the swap (answered with the new
+	// container, or inplaced stepped aside and why).
+	Handoff string `protobuf:"bytes,20,opt,name=handoff,proto3" json:"handoff,omitempty"`
+	// kind "kubelet": the pod the change came from.
+	PodUid        string `protobuf:"bytes,21,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	ImageRef      string `protobuf:"bytes,22,opt,name=image_ref,json=imageRef,proto3" json:"image_ref,omitempty"` // the image the pull resolved to
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SwapRecord) Reset() {
@@ -1127,6 +1163,27 @@ func (x *SwapRecord) GetKind() string {
 	return ""
 }
 
+func (x *SwapRecord) GetHandoff() string {
+	if x != nil {
+		return x.Handoff
+	}
+	return ""
+}
+
+func (x *SwapRecord) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
+	}
+	return ""
+}
+
+func (x *SwapRecord) GetImageRef() string {
+	if x != nil {
+		return x.ImageRef
+	}
+	return ""
+}
+
 type SwapEvent struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SwapId        string                 `protobuf:"bytes,1,opt,name=swap_id,json=swapId,proto3" json:"swap_id,omitempty"`
@@ -1134,6 +1191,7 @@ type SwapEvent struct {
 	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	TimeUnixNano  int64                  `protobuf:"varint,4,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
 	Record        *SwapRecord            `protobuf:"bytes,5,opt,name=record,proto3" json:"record,omitempty"` // set on the last event
+	Pull          *PullProgress          `protobuf:"bytes,6,opt,name=pull,proto3" json:"pull,omitempty"`     // step "pull": the image's progress
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1199,6 +1257,13 @@ func (x *SwapEvent) GetTimeUnixNano() int64 {
 func (x *SwapEvent) GetRecord() *SwapRecord {
 	if x != nil {
 		return x.Record
+	}
+	return nil
+}
+
+func (x *SwapEvent) GetPull() *PullProgress {
+	if x != nil {
+		return x.Pull
 	}
 	return nil
 }
@@ -1975,6 +2040,900 @@ func (x *ListResizesResponse) GetResizes() []*ResizeRecord {
 	return nil
 }
 
+type CheckPodsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckPodsRequest) Reset() {
+	*x = CheckPodsRequest{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckPodsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckPodsRequest) ProtoMessage() {}
+
+func (x *CheckPodsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckPodsRequest.ProtoReflect.Descriptor instead.
+func (*CheckPodsRequest) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{26}
+}
+
+type PodFit struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Pod           string                 `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"` // why the pod no longer fits its node
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodFit) Reset() {
+	*x = PodFit{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodFit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodFit) ProtoMessage() {}
+
+func (x *PodFit) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodFit.ProtoReflect.Descriptor instead.
+func (*PodFit) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *PodFit) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *PodFit) GetPod() string {
+	if x != nil {
+		return x.Pod
+	}
+	return ""
+}
+
+func (x *PodFit) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type CheckPodsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	PodsChecked   int32                  `protobuf:"varint,2,opt,name=pods_checked,json=podsChecked,proto3" json:"pods_checked,omitempty"`
+	Misfits       []*PodFit              `protobuf:"bytes,3,rep,name=misfits,proto3" json:"misfits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckPodsResponse) Reset() {
+	*x = CheckPodsResponse{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckPodsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckPodsResponse) ProtoMessage() {}
+
+func (x *CheckPodsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckPodsResponse.ProtoReflect.Descriptor instead.
+func (*CheckPodsResponse) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *CheckPodsResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *CheckPodsResponse) GetPodsChecked() int32 {
+	if x != nil {
+		return x.PodsChecked
+	}
+	return 0
+}
+
+func (x *CheckPodsResponse) GetMisfits() []*PodFit {
+	if x != nil {
+		return x.Misfits
+	}
+	return nil
+}
+
+type PrepullRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Images        []string               `protobuf:"bytes,1,rep,name=images,proto3" json:"images,omitempty"`
+	Auth          *RegistryAuth          `protobuf:"bytes,2,opt,name=auth,proto3" json:"auth,omitempty"` // for every image; kept in memory for the pull only
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrepullRequest) Reset() {
+	*x = PrepullRequest{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepullRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepullRequest) ProtoMessage() {}
+
+func (x *PrepullRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepullRequest.ProtoReflect.Descriptor instead.
+func (*PrepullRequest) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *PrepullRequest) GetImages() []string {
+	if x != nil {
+		return x.Images
+	}
+	return nil
+}
+
+func (x *PrepullRequest) GetAuth() *RegistryAuth {
+	if x != nil {
+		return x.Auth
+	}
+	return nil
+}
+
+// PullProgress is one update of an image pull. Byte counts come from
+// containerd's content store (the blobs being written); a backend that is
+// not containerd gives no byte counts (bytes_known false, note says why).
+type PullProgress struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Image          string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	BytesDone      int64                  `protobuf:"varint,2,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesTotal     int64                  `protobuf:"varint,3,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"` // of the blobs known so far; final: the image's size
+	LayersDone     int32                  `protobuf:"varint,4,opt,name=layers_done,json=layersDone,proto3" json:"layers_done,omitempty"`
+	LayersTotal    int32                  `protobuf:"varint,5,opt,name=layers_total,json=layersTotal,proto3" json:"layers_total,omitempty"`
+	BytesPerSecond int64                  `protobuf:"varint,6,opt,name=bytes_per_second,json=bytesPerSecond,proto3" json:"bytes_per_second,omitempty"`
+	EtaNs          int64                  `protobuf:"varint,7,opt,name=eta_ns,json=etaNs,proto3" json:"eta_ns,omitempty"` // 0: unknown
+	ElapsedNs      int64                  `protobuf:"varint,8,opt,name=elapsed_ns,json=elapsedNs,proto3" json:"elapsed_ns,omitempty"`
+	BytesKnown     bool                   `protobuf:"varint,9,opt,name=bytes_known,json=bytesKnown,proto3" json:"bytes_known,omitempty"`
+	Done           bool                   `protobuf:"varint,10,opt,name=done,proto3" json:"done,omitempty"`
+	ImageRef       string                 `protobuf:"bytes,11,opt,name=image_ref,json=imageRef,proto3" json:"image_ref,omitempty"` // set when done
+	Error          string                 `protobuf:"bytes,12,opt,name=error,proto3" json:"error,omitempty"`                       // set when the pull failed
+	Note           string                 `protobuf:"bytes,13,opt,name=note,proto3" json:"note,omitempty"`
+	TimeUnixNano   int64                  `protobuf:"varint,14,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
+	PrepullId      string                 `protobuf:"bytes,15,opt,name=prepull_id,json=prepullId,proto3" json:"prepull_id,omitempty"` // Prepull: CancelPrepull's argument
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *PullProgress) Reset() {
+	*x = PullProgress{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullProgress) ProtoMessage() {}
+
+func (x *PullProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullProgress.ProtoReflect.Descriptor instead.
+func (*PullProgress) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *PullProgress) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *PullProgress) GetBytesDone() int64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *PullProgress) GetBytesTotal() int64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+func (x *PullProgress) GetLayersDone() int32 {
+	if x != nil {
+		return x.LayersDone
+	}
+	return 0
+}
+
+func (x *PullProgress) GetLayersTotal() int32 {
+	if x != nil {
+		return x.LayersTotal
+	}
+	return 0
+}
+
+func (x *PullProgress) GetBytesPerSecond() int64 {
+	if x != nil {
+		return x.BytesPerSecond
+	}
+	return 0
+}
+
+func (x *PullProgress) GetEtaNs() int64 {
+	if x != nil {
+		return x.EtaNs
+	}
+	return 0
+}
+
+func (x *PullProgress) GetElapsedNs() int64 {
+	if x != nil {
+		return x.ElapsedNs
+	}
+	return 0
+}
+
+func (x *PullProgress) GetBytesKnown() bool {
+	if x != nil {
+		return x.BytesKnown
+	}
+	return false
+}
+
+func (x *PullProgress) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *PullProgress) GetImageRef() string {
+	if x != nil {
+		return x.ImageRef
+	}
+	return ""
+}
+
+func (x *PullProgress) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *PullProgress) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+func (x *PullProgress) GetTimeUnixNano() int64 {
+	if x != nil {
+		return x.TimeUnixNano
+	}
+	return 0
+}
+
+func (x *PullProgress) GetPrepullId() string {
+	if x != nil {
+		return x.PrepullId
+	}
+	return ""
+}
+
+type CancelPrepullRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelPrepullRequest) Reset() {
+	*x = CancelPrepullRequest{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelPrepullRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelPrepullRequest) ProtoMessage() {}
+
+func (x *CancelPrepullRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelPrepullRequest.ProtoReflect.Descriptor instead.
+func (*CancelPrepullRequest) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *CancelPrepullRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type CancelPrepullResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelPrepullResponse) Reset() {
+	*x = CancelPrepullResponse{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelPrepullResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelPrepullResponse) ProtoMessage() {}
+
+func (x *CancelPrepullResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelPrepullResponse.ProtoReflect.Descriptor instead.
+func (*CancelPrepullResponse) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{32}
+}
+
+type ListContainersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Pod           string                 `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListContainersRequest) Reset() {
+	*x = ListContainersRequest{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListContainersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListContainersRequest) ProtoMessage() {}
+
+func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
+func (*ListContainersRequest) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ListContainersRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ListContainersRequest) GetPod() string {
+	if x != nil {
+		return x.Pod
+	}
+	return ""
+}
+
+type ContainerInfo struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Id                 string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Namespace          string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Pod                string                 `protobuf:"bytes,3,opt,name=pod,proto3" json:"pod,omitempty"`
+	Container          string                 `protobuf:"bytes,4,opt,name=container,proto3" json:"container,omitempty"`
+	SandboxId          string                 `protobuf:"bytes,5,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Image              string                 `protobuf:"bytes,6,opt,name=image,proto3" json:"image,omitempty"`
+	State              string                 `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"` // CRI state, as kubelet sees it
+	Attempt            uint32                 `protobuf:"varint,8,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	CreatedUnixNano    int64                  `protobuf:"varint,9,opt,name=created_unix_nano,json=createdUnixNano,proto3" json:"created_unix_nano,omitempty"`
+	KubeletHash        string                 `protobuf:"bytes,10,opt,name=kubelet_hash,json=kubeletHash,proto3" json:"kubelet_hash,omitempty"`            // io.kubernetes.container.hash
+	OverrideSwapId     string                 `protobuf:"bytes,11,opt,name=override_swap_id,json=overrideSwapId,proto3" json:"override_swap_id,omitempty"` // a swapped config is sticky: from this swap
+	OverrideImage      string                 `protobuf:"bytes,12,opt,name=override_image,json=overrideImage,proto3" json:"override_image,omitempty"`
+	RunningSwapId      string                 `protobuf:"bytes,13,opt,name=running_swap_id,json=runningSwapId,proto3" json:"running_swap_id,omitempty"` // a swap of this container is under way
+	RunningStep        string                 `protobuf:"bytes,14,opt,name=running_step,json=runningStep,proto3" json:"running_step,omitempty"`         // ... at this step
+	LastResizeId       string                 `protobuf:"bytes,15,opt,name=last_resize_id,json=lastResizeId,proto3" json:"last_resize_id,omitempty"`
+	LastResizeResult   string                 `protobuf:"bytes,16,opt,name=last_resize_result,json=lastResizeResult,proto3" json:"last_resize_result,omitempty"`
+	LastResizeUnixNano int64                  `protobuf:"varint,17,opt,name=last_resize_unix_nano,json=lastResizeUnixNano,proto3" json:"last_resize_unix_nano,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *ContainerInfo) Reset() {
+	*x = ContainerInfo{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerInfo) ProtoMessage() {}
+
+func (x *ContainerInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerInfo.ProtoReflect.Descriptor instead.
+func (*ContainerInfo) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *ContainerInfo) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ContainerInfo) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ContainerInfo) GetPod() string {
+	if x != nil {
+		return x.Pod
+	}
+	return ""
+}
+
+func (x *ContainerInfo) GetContainer() string {
+	if x != nil {
+		return x.Container
+	}
+	return ""
+}
+
+func (x *ContainerInfo) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ContainerInfo) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *ContainerInfo) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ContainerInfo) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *ContainerInfo) GetCreatedUnixNano() int64 {
+	if x != nil {
+		return x.CreatedUnixNano
+	}
+	return 0
+}
+
+func (x *ContainerInfo) GetKubeletHash() string {
+	if x != nil {
+		return x.KubeletHash
+	}
+	return ""
+}
+
+func (x *ContainerInfo) GetOverrideSwapId() string {
+	if x != nil {
+		return x.OverrideSwapId
+	}
+	return ""
+}
+
+func (x *ContainerInfo) GetOverrideImage() string {
+	if x != nil {
+		return x.OverrideImage
+	}
+	return ""
+}
+
+func (x *ContainerInfo) GetRunningSwapId() string {
+	if x != nil {
+		return x.RunningSwapId
+	}
+	return ""
+}
+
+func (x *ContainerInfo) GetRunningStep() string {
+	if x != nil {
+		return x.RunningStep
+	}
+	return ""
+}
+
+func (x *ContainerInfo) GetLastResizeId() string {
+	if x != nil {
+		return x.LastResizeId
+	}
+	return ""
+}
+
+func (x *ContainerInfo) GetLastResizeResult() string {
+	if x != nil {
+		return x.LastResizeResult
+	}
+	return ""
+}
+
+func (x *ContainerInfo) GetLastResizeUnixNano() int64 {
+	if x != nil {
+		return x.LastResizeUnixNano
+	}
+	return 0
+}
+
+type ListContainersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Containers    []*ContainerInfo       `protobuf:"bytes,1,rep,name=containers,proto3" json:"containers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListContainersResponse) Reset() {
+	*x = ListContainersResponse{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListContainersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListContainersResponse) ProtoMessage() {}
+
+func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
+func (*ListContainersResponse) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *ListContainersResponse) GetContainers() []*ContainerInfo {
+	if x != nil {
+		return x.Containers
+	}
+	return nil
+}
+
+type WatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"` // empty: all
+	Pod           string                 `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`             // empty: all
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *WatchRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetPod() string {
+	if x != nil {
+		return x.Pod
+	}
+	return ""
+}
+
+// Event is one thing inplaced did. kind: swap-started, step-started,
+// step-done, step-failed, swap-ended, resize, override-set,
+// override-dropped, fence-wait, fence-wait-done, pull-progress.
+type Event struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	TimeUnixNano  int64                  `protobuf:"varint,2,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
+	Namespace     string                 `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Pod           string                 `protobuf:"bytes,4,opt,name=pod,proto3" json:"pod,omitempty"`
+	Container     string                 `protobuf:"bytes,5,opt,name=container,proto3" json:"container,omitempty"`
+	SwapId        string                 `protobuf:"bytes,6,opt,name=swap_id,json=swapId,proto3" json:"swap_id,omitempty"`
+	Step          string                 `protobuf:"bytes,7,opt,name=step,proto3" json:"step,omitempty"`
+	Message       string                 `protobuf:"bytes,8,opt,name=message,proto3" json:"message,omitempty"`
+	ContainerId   string                 `protobuf:"bytes,9,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	ResizeId      string                 `protobuf:"bytes,10,opt,name=resize_id,json=resizeId,proto3" json:"resize_id,omitempty"`
+	State         string                 `protobuf:"bytes,11,opt,name=state,proto3" json:"state,omitempty"` // swap-ended: the SwapState; resize: its result
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Event) Reset() {
+	*x = Event{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Event) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Event) ProtoMessage() {}
+
+func (x *Event) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Event.ProtoReflect.Descriptor instead.
+func (*Event) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *Event) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Event) GetTimeUnixNano() int64 {
+	if x != nil {
+		return x.TimeUnixNano
+	}
+	return 0
+}
+
+func (x *Event) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *Event) GetPod() string {
+	if x != nil {
+		return x.Pod
+	}
+	return ""
+}
+
+func (x *Event) GetContainer() string {
+	if x != nil {
+		return x.Container
+	}
+	return ""
+}
+
+func (x *Event) GetSwapId() string {
+	if x != nil {
+		return x.SwapId
+	}
+	return ""
+}
+
+func (x *Event) GetStep() string {
+	if x != nil {
+		return x.Step
+	}
+	return ""
+}
+
+func (x *Event) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *Event) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *Event) GetResizeId() string {
+	if x != nil {
+		return x.ResizeId
+	}
+	return ""
+}
+
+func (x *Event) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
 var File_inplaced_v1_control_proto protoreflect.FileDescriptor
 
 const file_inplaced_v1_control_proto_rawDesc = "" +
@@ -2045,21 +3004,24 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"\x06target\x18\x01 \x01(\v2\x13.inplaced.v1.TargetR\x06target\x12+\n" +
 	"\x06change\x18\x02 \x01(\v2\x13.inplaced.v1.ChangeR\x06change\x122\n" +
 	"\aoptions\x18\x03 \x01(\v2\x18.inplaced.v1.SwapOptionsR\aoptions\x12-\n" +
-	"\x04auth\x18\x04 \x01(\v2\x19.inplaced.v1.RegistryAuthR\x04auth\"}\n" +
+	"\x04auth\x18\x04 \x01(\v2\x19.inplaced.v1.RegistryAuthR\x04auth\"\xac\x01\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
 	"\x11started_unix_nano\x18\x02 \x01(\x03R\x0fstartedUnixNano\x12\x1f\n" +
 	"\vduration_ns\x18\x03 \x01(\x03R\n" +
 	"durationNs\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\",\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12-\n" +
+	"\x04pull\x18\x05 \x01(\v2\x19.inplaced.v1.PullProgressR\x04pull\"`\n" +
 	"\x06Caller\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\x03R\x03uid\x12\x10\n" +
-	"\x03pid\x18\x02 \x01(\x03R\x03pid\"e\n" +
+	"\x03pid\x18\x02 \x01(\x03R\x03pid\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\x12\x10\n" +
+	"\x03exe\x18\x04 \x01(\tR\x03exe\"e\n" +
 	"\rConfigSummary\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\tR\x03env\x12\x18\n" +
 	"\acommand\x18\x03 \x03(\tR\acommand\x12\x12\n" +
-	"\x04args\x18\x04 \x03(\tR\x04args\"\xb1\x05\n" +
+	"\x04args\x18\x04 \x03(\tR\x04args\"\x81\x06\n" +
 	"\n" +
 	"SwapRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
@@ -2083,13 +3045,17 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"\x12finished_unix_nano\x18\x10 \x01(\x03R\x10finishedUnixNano\x120\n" +
 	"\x14running_container_id\x18\x11 \x01(\tR\x12runningContainerId\x12\x1b\n" +
 	"\texit_code\x18\x12 \x01(\x05R\bexitCode\x12\x12\n" +
-	"\x04kind\x18\x13 \x01(\tR\x04kind\"\xa9\x01\n" +
+	"\x04kind\x18\x13 \x01(\tR\x04kind\x12\x18\n" +
+	"\ahandoff\x18\x14 \x01(\tR\ahandoff\x12\x17\n" +
+	"\apod_uid\x18\x15 \x01(\tR\x06podUid\x12\x1b\n" +
+	"\timage_ref\x18\x16 \x01(\tR\bimageRef\"\xd8\x01\n" +
 	"\tSwapEvent\x12\x17\n" +
 	"\aswap_id\x18\x01 \x01(\tR\x06swapId\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\tR\x04step\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12$\n" +
 	"\x0etime_unix_nano\x18\x04 \x01(\x03R\ftimeUnixNano\x12/\n" +
-	"\x06record\x18\x05 \x01(\v2\x17.inplaced.v1.SwapRecordR\x06record\"\"\n" +
+	"\x06record\x18\x05 \x01(\v2\x17.inplaced.v1.SwapRecordR\x06record\x12-\n" +
+	"\x04pull\x18\x06 \x01(\v2\x19.inplaced.v1.PullProgressR\x04pull\"\"\n" +
 	"\x10WatchSwapRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\" \n" +
 	"\x0eGetSwapRequest\x12\x0e\n" +
@@ -2145,14 +3111,95 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"\x12ListResizesRequest\x12+\n" +
 	"\x06target\x18\x01 \x01(\v2\x13.inplaced.v1.TargetR\x06target\"J\n" +
 	"\x13ListResizesResponse\x123\n" +
-	"\aresizes\x18\x01 \x03(\v2\x19.inplaced.v1.ResizeRecordR\aresizes*\xa8\x01\n" +
+	"\aresizes\x18\x01 \x03(\v2\x19.inplaced.v1.ResizeRecordR\aresizes\"\x12\n" +
+	"\x10CheckPodsRequest\"P\n" +
+	"\x06PodFit\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
+	"\x03pod\x18\x02 \x01(\tR\x03pod\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"y\n" +
+	"\x11CheckPodsResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12!\n" +
+	"\fpods_checked\x18\x02 \x01(\x05R\vpodsChecked\x12-\n" +
+	"\amisfits\x18\x03 \x03(\v2\x13.inplaced.v1.PodFitR\amisfits\"W\n" +
+	"\x0ePrepullRequest\x12\x16\n" +
+	"\x06images\x18\x01 \x03(\tR\x06images\x12-\n" +
+	"\x04auth\x18\x02 \x01(\v2\x19.inplaced.v1.RegistryAuthR\x04auth\"\xc9\x03\n" +
+	"\fPullProgress\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\x02 \x01(\x03R\tbytesDone\x12\x1f\n" +
+	"\vbytes_total\x18\x03 \x01(\x03R\n" +
+	"bytesTotal\x12\x1f\n" +
+	"\vlayers_done\x18\x04 \x01(\x05R\n" +
+	"layersDone\x12!\n" +
+	"\flayers_total\x18\x05 \x01(\x05R\vlayersTotal\x12(\n" +
+	"\x10bytes_per_second\x18\x06 \x01(\x03R\x0ebytesPerSecond\x12\x15\n" +
+	"\x06eta_ns\x18\a \x01(\x03R\x05etaNs\x12\x1d\n" +
+	"\n" +
+	"elapsed_ns\x18\b \x01(\x03R\telapsedNs\x12\x1f\n" +
+	"\vbytes_known\x18\t \x01(\bR\n" +
+	"bytesKnown\x12\x12\n" +
+	"\x04done\x18\n" +
+	" \x01(\bR\x04done\x12\x1b\n" +
+	"\timage_ref\x18\v \x01(\tR\bimageRef\x12\x14\n" +
+	"\x05error\x18\f \x01(\tR\x05error\x12\x12\n" +
+	"\x04note\x18\r \x01(\tR\x04note\x12$\n" +
+	"\x0etime_unix_nano\x18\x0e \x01(\x03R\ftimeUnixNano\x12\x1d\n" +
+	"\n" +
+	"prepull_id\x18\x0f \x01(\tR\tprepullId\"&\n" +
+	"\x14CancelPrepullRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x17\n" +
+	"\x15CancelPrepullResponse\"G\n" +
+	"\x15ListContainersRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
+	"\x03pod\x18\x02 \x01(\tR\x03pod\"\xc4\x04\n" +
+	"\rContainerInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x10\n" +
+	"\x03pod\x18\x03 \x01(\tR\x03pod\x12\x1c\n" +
+	"\tcontainer\x18\x04 \x01(\tR\tcontainer\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x05 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05image\x18\x06 \x01(\tR\x05image\x12\x14\n" +
+	"\x05state\x18\a \x01(\tR\x05state\x12\x18\n" +
+	"\aattempt\x18\b \x01(\rR\aattempt\x12*\n" +
+	"\x11created_unix_nano\x18\t \x01(\x03R\x0fcreatedUnixNano\x12!\n" +
+	"\fkubelet_hash\x18\n" +
+	" \x01(\tR\vkubeletHash\x12(\n" +
+	"\x10override_swap_id\x18\v \x01(\tR\x0eoverrideSwapId\x12%\n" +
+	"\x0eoverride_image\x18\f \x01(\tR\roverrideImage\x12&\n" +
+	"\x0frunning_swap_id\x18\r \x01(\tR\rrunningSwapId\x12!\n" +
+	"\frunning_step\x18\x0e \x01(\tR\vrunningStep\x12$\n" +
+	"\x0elast_resize_id\x18\x0f \x01(\tR\flastResizeId\x12,\n" +
+	"\x12last_resize_result\x18\x10 \x01(\tR\x10lastResizeResult\x121\n" +
+	"\x15last_resize_unix_nano\x18\x11 \x01(\x03R\x12lastResizeUnixNano\"T\n" +
+	"\x16ListContainersResponse\x12:\n" +
+	"\n" +
+	"containers\x18\x01 \x03(\v2\x1a.inplaced.v1.ContainerInfoR\n" +
+	"containers\">\n" +
+	"\fWatchRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
+	"\x03pod\x18\x02 \x01(\tR\x03pod\"\xac\x02\n" +
+	"\x05Event\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12$\n" +
+	"\x0etime_unix_nano\x18\x02 \x01(\x03R\ftimeUnixNano\x12\x1c\n" +
+	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x10\n" +
+	"\x03pod\x18\x04 \x01(\tR\x03pod\x12\x1c\n" +
+	"\tcontainer\x18\x05 \x01(\tR\tcontainer\x12\x17\n" +
+	"\aswap_id\x18\x06 \x01(\tR\x06swapId\x12\x12\n" +
+	"\x04step\x18\a \x01(\tR\x04step\x12\x18\n" +
+	"\amessage\x18\b \x01(\tR\amessage\x12!\n" +
+	"\fcontainer_id\x18\t \x01(\tR\vcontainerId\x12\x1b\n" +
+	"\tresize_id\x18\n" +
+	" \x01(\tR\bresizeId\x12\x14\n" +
+	"\x05state\x18\v \x01(\tR\x05state*\xa8\x01\n" +
 	"\tSwapState\x12\x1a\n" +
 	"\x16SWAP_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12SWAP_STATE_RUNNING\x10\x01\x12\x18\n" +
 	"\x14SWAP_STATE_COMMITTED\x10\x02\x12\x15\n" +
 	"\x11SWAP_STATE_FAILED\x10\x03\x12\x1e\n" +
 	"\x1aSWAP_STATE_ROLLBACK_FAILED\x10\x04\x12\x16\n" +
-	"\x12SWAP_STATE_ABORTED\x10\x052\xc3\x04\n" +
+	"\x12SWAP_STATE_ABORTED\x10\x052\xc1\a\n" +
 	"\aControl\x12:\n" +
 	"\x04Swap\x12\x18.inplaced.v1.SwapRequest\x1a\x16.inplaced.v1.SwapEvent0\x01\x12D\n" +
 	"\tWatchSwap\x12\x1d.inplaced.v1.WatchSwapRequest\x1a\x16.inplaced.v1.SwapEvent0\x01\x12?\n" +
@@ -2161,7 +3208,12 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"\x06Revert\x12\x1a.inplaced.v1.RevertRequest\x1a\x16.inplaced.v1.SwapEvent0\x01\x12V\n" +
 	"\rListOverrides\x12!.inplaced.v1.ListOverridesRequest\x1a\".inplaced.v1.ListOverridesResponse\x12?\n" +
 	"\x06Resize\x12\x1a.inplaced.v1.ResizeRequest\x1a\x19.inplaced.v1.ResizeRecord\x12P\n" +
-	"\vListResizes\x12\x1f.inplaced.v1.ListResizesRequest\x1a .inplaced.v1.ListResizesResponseB;Z9github.com/inplaced/inplaced/proto/inplaced/v1;inplacedv1b\x06proto3"
+	"\vListResizes\x12\x1f.inplaced.v1.ListResizesRequest\x1a .inplaced.v1.ListResizesResponse\x12J\n" +
+	"\tCheckPods\x12\x1d.inplaced.v1.CheckPodsRequest\x1a\x1e.inplaced.v1.CheckPodsResponse\x12C\n" +
+	"\aPrepull\x12\x1b.inplaced.v1.PrepullRequest\x1a\x19.inplaced.v1.PullProgress0\x01\x12V\n" +
+	"\rCancelPrepull\x12!.inplaced.v1.CancelPrepullRequest\x1a\".inplaced.v1.CancelPrepullResponse\x12Y\n" +
+	"\x0eListContainers\x12\".inplaced.v1.ListContainersRequest\x1a#.inplaced.v1.ListContainersResponse\x128\n" +
+	"\x05Watch\x12\x19.inplaced.v1.WatchRequest\x1a\x12.inplaced.v1.Event0\x01B;Z9github.com/inplaced/inplaced/proto/inplaced/v1;inplacedv1b\x06proto3"
 
 var (
 	file_inplaced_v1_control_proto_rawDescOnce sync.Once
@@ -2176,39 +3228,51 @@ func file_inplaced_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_inplaced_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_inplaced_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_inplaced_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_inplaced_v1_control_proto_goTypes = []any{
-	(SwapState)(0),                // 0: inplaced.v1.SwapState
-	(*Target)(nil),                // 1: inplaced.v1.Target
-	(*Change)(nil),                // 2: inplaced.v1.Change
-	(*Resources)(nil),             // 3: inplaced.v1.Resources
-	(*Handler)(nil),               // 4: inplaced.v1.Handler
-	(*HTTPGet)(nil),               // 5: inplaced.v1.HTTPGet
-	(*RegistryAuth)(nil),          // 6: inplaced.v1.RegistryAuth
-	(*SwapOptions)(nil),           // 7: inplaced.v1.SwapOptions
-	(*SwapRequest)(nil),           // 8: inplaced.v1.SwapRequest
-	(*Step)(nil),                  // 9: inplaced.v1.Step
-	(*Caller)(nil),                // 10: inplaced.v1.Caller
-	(*ConfigSummary)(nil),         // 11: inplaced.v1.ConfigSummary
-	(*SwapRecord)(nil),            // 12: inplaced.v1.SwapRecord
-	(*SwapEvent)(nil),             // 13: inplaced.v1.SwapEvent
-	(*WatchSwapRequest)(nil),      // 14: inplaced.v1.WatchSwapRequest
-	(*GetSwapRequest)(nil),        // 15: inplaced.v1.GetSwapRequest
-	(*ListSwapsRequest)(nil),      // 16: inplaced.v1.ListSwapsRequest
-	(*ListSwapsResponse)(nil),     // 17: inplaced.v1.ListSwapsResponse
-	(*RevertRequest)(nil),         // 18: inplaced.v1.RevertRequest
-	(*Override)(nil),              // 19: inplaced.v1.Override
-	(*ListOverridesRequest)(nil),  // 20: inplaced.v1.ListOverridesRequest
-	(*ListOverridesResponse)(nil), // 21: inplaced.v1.ListOverridesResponse
-	(*ResizeRequest)(nil),         // 22: inplaced.v1.ResizeRequest
-	(*ResizeValues)(nil),          // 23: inplaced.v1.ResizeValues
-	(*ResizeRecord)(nil),          // 24: inplaced.v1.ResizeRecord
-	(*ListResizesRequest)(nil),    // 25: inplaced.v1.ListResizesRequest
-	(*ListResizesResponse)(nil),   // 26: inplaced.v1.ListResizesResponse
-	nil,                           // 27: inplaced.v1.Change.SetEnvEntry
+	(SwapState)(0),                 // 0: inplaced.v1.SwapState
+	(*Target)(nil),                 // 1: inplaced.v1.Target
+	(*Change)(nil),                 // 2: inplaced.v1.Change
+	(*Resources)(nil),              // 3: inplaced.v1.Resources
+	(*Handler)(nil),                // 4: inplaced.v1.Handler
+	(*HTTPGet)(nil),                // 5: inplaced.v1.HTTPGet
+	(*RegistryAuth)(nil),           // 6: inplaced.v1.RegistryAuth
+	(*SwapOptions)(nil),            // 7: inplaced.v1.SwapOptions
+	(*SwapRequest)(nil),            // 8: inplaced.v1.SwapRequest
+	(*Step)(nil),                   // 9: inplaced.v1.Step
+	(*Caller)(nil),                 // 10: inplaced.v1.Caller
+	(*ConfigSummary)(nil),          // 11: inplaced.v1.ConfigSummary
+	(*SwapRecord)(nil),             // 12: inplaced.v1.SwapRecord
+	(*SwapEvent)(nil),              // 13: inplaced.v1.SwapEvent
+	(*WatchSwapRequest)(nil),       // 14: inplaced.v1.WatchSwapRequest
+	(*GetSwapRequest)(nil),         // 15: inplaced.v1.GetSwapRequest
+	(*ListSwapsRequest)(nil),       // 16: inplaced.v1.ListSwapsRequest
+	(*ListSwapsResponse)(nil),      // 17: inplaced.v1.ListSwapsResponse
+	(*RevertRequest)(nil),          // 18: inplaced.v1.RevertRequest
+	(*Override)(nil),               // 19: inplaced.v1.Override
+	(*ListOverridesRequest)(nil),   // 20: inplaced.v1.ListOverridesRequest
+	(*ListOverridesResponse)(nil),  // 21: inplaced.v1.ListOverridesResponse
+	(*ResizeRequest)(nil),          // 22: inplaced.v1.ResizeRequest
+	(*ResizeValues)(nil),           // 23: inplaced.v1.ResizeValues
+	(*ResizeRecord)(nil),           // 24: inplaced.v1.ResizeRecord
+	(*ListResizesRequest)(nil),     // 25: inplaced.v1.ListResizesRequest
+	(*ListResizesResponse)(nil),    // 26: inplaced.v1.ListResizesResponse
+	(*CheckPodsRequest)(nil),       // 27: inplaced.v1.CheckPodsRequest
+	(*PodFit)(nil),                 // 28: inplaced.v1.PodFit
+	(*CheckPodsResponse)(nil),      // 29: inplaced.v1.CheckPodsResponse
+	(*PrepullRequest)(nil),         // 30: inplaced.v1.PrepullRequest
+	(*PullProgress)(nil),           // 31: inplaced.v1.PullProgress
+	(*CancelPrepullRequest)(nil),   // 32: inplaced.v1.CancelPrepullRequest
+	(*CancelPrepullResponse)(nil),  // 33: inplaced.v1.CancelPrepullResponse
+	(*ListContainersRequest)(nil),  // 34: inplaced.v1.ListContainersRequest
+	(*ContainerInfo)(nil),          // 35: inplaced.v1.ContainerInfo
+	(*ListContainersResponse)(nil), // 36: inplaced.v1.ListContainersResponse
+	(*WatchRequest)(nil),           // 37: inplaced.v1.WatchRequest
+	(*Event)(nil),                  // 38: inplaced.v1.Event
+	nil,                            // 39: inplaced.v1.Change.SetEnvEntry
 }
 var file_inplaced_v1_control_proto_depIdxs = []int32{
-	27, // 0: inplaced.v1.Change.set_env:type_name -> inplaced.v1.Change.SetEnvEntry
+	39, // 0: inplaced.v1.Change.set_env:type_name -> inplaced.v1.Change.SetEnvEntry
 	3,  // 1: inplaced.v1.Change.resources:type_name -> inplaced.v1.Resources
 	5,  // 2: inplaced.v1.Handler.http_get:type_name -> inplaced.v1.HTTPGet
 	4,  // 3: inplaced.v1.SwapOptions.pre_stop:type_name -> inplaced.v1.Handler
@@ -2218,47 +3282,62 @@ var file_inplaced_v1_control_proto_depIdxs = []int32{
 	2,  // 7: inplaced.v1.SwapRequest.change:type_name -> inplaced.v1.Change
 	7,  // 8: inplaced.v1.SwapRequest.options:type_name -> inplaced.v1.SwapOptions
 	6,  // 9: inplaced.v1.SwapRequest.auth:type_name -> inplaced.v1.RegistryAuth
-	11, // 10: inplaced.v1.SwapRecord.from:type_name -> inplaced.v1.ConfigSummary
-	11, // 11: inplaced.v1.SwapRecord.to:type_name -> inplaced.v1.ConfigSummary
-	10, // 12: inplaced.v1.SwapRecord.caller:type_name -> inplaced.v1.Caller
-	0,  // 13: inplaced.v1.SwapRecord.state:type_name -> inplaced.v1.SwapState
-	9,  // 14: inplaced.v1.SwapRecord.steps:type_name -> inplaced.v1.Step
-	12, // 15: inplaced.v1.SwapEvent.record:type_name -> inplaced.v1.SwapRecord
-	1,  // 16: inplaced.v1.ListSwapsRequest.target:type_name -> inplaced.v1.Target
-	12, // 17: inplaced.v1.ListSwapsResponse.swaps:type_name -> inplaced.v1.SwapRecord
-	1,  // 18: inplaced.v1.RevertRequest.target:type_name -> inplaced.v1.Target
-	7,  // 19: inplaced.v1.RevertRequest.options:type_name -> inplaced.v1.SwapOptions
-	11, // 20: inplaced.v1.Override.to:type_name -> inplaced.v1.ConfigSummary
-	19, // 21: inplaced.v1.ListOverridesResponse.overrides:type_name -> inplaced.v1.Override
-	1,  // 22: inplaced.v1.ResizeRequest.target:type_name -> inplaced.v1.Target
-	3,  // 23: inplaced.v1.ResizeRequest.resources:type_name -> inplaced.v1.Resources
-	10, // 24: inplaced.v1.ResizeRecord.caller:type_name -> inplaced.v1.Caller
-	23, // 25: inplaced.v1.ResizeRecord.from:type_name -> inplaced.v1.ResizeValues
-	23, // 26: inplaced.v1.ResizeRecord.to:type_name -> inplaced.v1.ResizeValues
-	23, // 27: inplaced.v1.ResizeRecord.in_effect:type_name -> inplaced.v1.ResizeValues
-	1,  // 28: inplaced.v1.ListResizesRequest.target:type_name -> inplaced.v1.Target
-	24, // 29: inplaced.v1.ListResizesResponse.resizes:type_name -> inplaced.v1.ResizeRecord
-	8,  // 30: inplaced.v1.Control.Swap:input_type -> inplaced.v1.SwapRequest
-	14, // 31: inplaced.v1.Control.WatchSwap:input_type -> inplaced.v1.WatchSwapRequest
-	15, // 32: inplaced.v1.Control.GetSwap:input_type -> inplaced.v1.GetSwapRequest
-	16, // 33: inplaced.v1.Control.ListSwaps:input_type -> inplaced.v1.ListSwapsRequest
-	18, // 34: inplaced.v1.Control.Revert:input_type -> inplaced.v1.RevertRequest
-	20, // 35: inplaced.v1.Control.ListOverrides:input_type -> inplaced.v1.ListOverridesRequest
-	22, // 36: inplaced.v1.Control.Resize:input_type -> inplaced.v1.ResizeRequest
-	25, // 37: inplaced.v1.Control.ListResizes:input_type -> inplaced.v1.ListResizesRequest
-	13, // 38: inplaced.v1.Control.Swap:output_type -> inplaced.v1.SwapEvent
-	13, // 39: inplaced.v1.Control.WatchSwap:output_type -> inplaced.v1.SwapEvent
-	12, // 40: inplaced.v1.Control.GetSwap:output_type -> inplaced.v1.SwapRecord
-	17, // 41: inplaced.v1.Control.ListSwaps:output_type -> inplaced.v1.ListSwapsResponse
-	13, // 42: inplaced.v1.Control.Revert:output_type -> inplaced.v1.SwapEvent
-	21, // 43: inplaced.v1.Control.ListOverrides:output_type -> inplaced.v1.ListOverridesResponse
-	24, // 44: inplaced.v1.Control.Resize:output_type -> inplaced.v1.ResizeRecord
-	26, // 45: inplaced.v1.Control.ListResizes:output_type -> inplaced.v1.ListResizesResponse
-	38, // [38:46] is the sub-list for method output_type
-	30, // [30:38] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	31, // 10: inplaced.v1.Step.pull:type_name -> inplaced.v1.PullProgress
+	11, // 11: inplaced.v1.SwapRecord.from:type_name -> inplaced.v1.ConfigSummary
+	11, // 12: inplaced.v1.SwapRecord.to:type_name -> inplaced.v1.ConfigSummary
+	10, // 13: inplaced.v1.SwapRecord.caller:type_name -> inplaced.v1.Caller
+	0,  // 14: inplaced.v1.SwapRecord.state:type_name -> inplaced.v1.SwapState
+	9,  // 15: inplaced.v1.SwapRecord.steps:type_name -> inplaced.v1.Step
+	12, // 16: inplaced.v1.SwapEvent.record:type_name -> inplaced.v1.SwapRecord
+	31, // 17: inplaced.v1.SwapEvent.pull:type_name -> inplaced.v1.PullProgress
+	1,  // 18: inplaced.v1.ListSwapsRequest.target:type_name -> inplaced.v1.Target
+	12, // 19: inplaced.v1.ListSwapsResponse.swaps:type_name -> inplaced.v1.SwapRecord
+	1,  // 20: inplaced.v1.RevertRequest.target:type_name -> inplaced.v1.Target
+	7,  // 21: inplaced.v1.RevertRequest.options:type_name -> inplaced.v1.SwapOptions
+	11, // 22: inplaced.v1.Override.to:type_name -> inplaced.v1.ConfigSummary
+	19, // 23: inplaced.v1.ListOverridesResponse.overrides:type_name -> inplaced.v1.Override
+	1,  // 24: inplaced.v1.ResizeRequest.target:type_name -> inplaced.v1.Target
+	3,  // 25: inplaced.v1.ResizeRequest.resources:type_name -> inplaced.v1.Resources
+	10, // 26: inplaced.v1.ResizeRecord.caller:type_name -> inplaced.v1.Caller
+	23, // 27: inplaced.v1.ResizeRecord.from:type_name -> inplaced.v1.ResizeValues
+	23, // 28: inplaced.v1.ResizeRecord.to:type_name -> inplaced.v1.ResizeValues
+	23, // 29: inplaced.v1.ResizeRecord.in_effect:type_name -> inplaced.v1.ResizeValues
+	1,  // 30: inplaced.v1.ListResizesRequest.target:type_name -> inplaced.v1.Target
+	24, // 31: inplaced.v1.ListResizesResponse.resizes:type_name -> inplaced.v1.ResizeRecord
+	28, // 32: inplaced.v1.CheckPodsResponse.misfits:type_name -> inplaced.v1.PodFit
+	6,  // 33: inplaced.v1.PrepullRequest.auth:type_name -> inplaced.v1.RegistryAuth
+	35, // 34: inplaced.v1.ListContainersResponse.containers:type_name -> inplaced.v1.ContainerInfo
+	8,  // 35: inplaced.v1.Control.Swap:input_type -> inplaced.v1.SwapRequest
+	14, // 36: inplaced.v1.Control.WatchSwap:input_type -> inplaced.v1.WatchSwapRequest
+	15, // 37: inplaced.v1.Control.GetSwap:input_type -> inplaced.v1.GetSwapRequest
+	16, // 38: inplaced.v1.Control.ListSwaps:input_type -> inplaced.v1.ListSwapsRequest
+	18, // 39: inplaced.v1.Control.Revert:input_type -> inplaced.v1.RevertRequest
+	20, // 40: inplaced.v1.Control.ListOverrides:input_type -> inplaced.v1.ListOverridesRequest
+	22, // 41: inplaced.v1.Control.Resize:input_type -> inplaced.v1.ResizeRequest
+	25, // 42: inplaced.v1.Control.ListResizes:input_type -> inplaced.v1.ListResizesRequest
+	27, // 43: inplaced.v1.Control.CheckPods:input_type -> inplaced.v1.CheckPodsRequest
+	30, // 44: inplaced.v1.Control.Prepull:input_type -> inplaced.v1.PrepullRequest
+	32, // 45: inplaced.v1.Control.CancelPrepull:input_type -> inplaced.v1.CancelPrepullRequest
+	34, // 46: inplaced.v1.Control.ListContainers:input_type -> inplaced.v1.ListContainersRequest
+	37, // 47: inplaced.v1.Control.Watch:input_type -> inplaced.v1.WatchRequest
+	13, // 48: inplaced.v1.Control.Swap:output_type -> inplaced.v1.SwapEvent
+	13, // 49: inplaced.v1.Control.WatchSwap:output_type -> inplaced.v1.SwapEvent
+	12, // 50: inplaced.v1.Control.GetSwap:output_type -> inplaced.v1.SwapRecord
+	17, // 51: inplaced.v1.Control.ListSwaps:output_type -> inplaced.v1.ListSwapsResponse
+	13, // 52: inplaced.v1.Control.Revert:output_type -> inplaced.v1.SwapEvent
+	21, // 53: inplaced.v1.Control.ListOverrides:output_type -> inplaced.v1.ListOverridesResponse
+	24, // 54: inplaced.v1.Control.Resize:output_type -> inplaced.v1.ResizeRecord
+	26, // 55: inplaced.v1.Control.ListResizes:output_type -> inplaced.v1.ListResizesResponse
+	29, // 56: inplaced.v1.Control.CheckPods:output_type -> inplaced.v1.CheckPodsResponse
+	31, // 57: inplaced.v1.Control.Prepull:output_type -> inplaced.v1.PullProgress
+	33, // 58: inplaced.v1.Control.CancelPrepull:output_type -> inplaced.v1.CancelPrepullResponse
+	36, // 59: inplaced.v1.Control.ListContainers:output_type -> inplaced.v1.ListContainersResponse
+	38, // 60: inplaced.v1.Control.Watch:output_type -> inplaced.v1.Event
+	48, // [48:61] is the sub-list for method output_type
+	35, // [35:48] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_inplaced_v1_control_proto_init() }
@@ -2273,7 +3352,7 @@ func file_inplaced_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_inplaced_v1_control_proto_rawDesc), len(file_inplaced_v1_control_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   27,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

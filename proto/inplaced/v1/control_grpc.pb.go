@@ -22,14 +22,19 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Control_Swap_FullMethodName          = "/inplaced.v1.Control/Swap"
-	Control_WatchSwap_FullMethodName     = "/inplaced.v1.Control/WatchSwap"
-	Control_GetSwap_FullMethodName       = "/inplaced.v1.Control/GetSwap"
-	Control_ListSwaps_FullMethodName     = "/inplaced.v1.Control/ListSwaps"
-	Control_Revert_FullMethodName        = "/inplaced.v1.Control/Revert"
-	Control_ListOverrides_FullMethodName = "/inplaced.v1.Control/ListOverrides"
-	Control_Resize_FullMethodName        = "/inplaced.v1.Control/Resize"
-	Control_ListResizes_FullMethodName   = "/inplaced.v1.Control/ListResizes"
+	Control_Swap_FullMethodName           = "/inplaced.v1.Control/Swap"
+	Control_WatchSwap_FullMethodName      = "/inplaced.v1.Control/WatchSwap"
+	Control_GetSwap_FullMethodName        = "/inplaced.v1.Control/GetSwap"
+	Control_ListSwaps_FullMethodName      = "/inplaced.v1.Control/ListSwaps"
+	Control_Revert_FullMethodName         = "/inplaced.v1.Control/Revert"
+	Control_ListOverrides_FullMethodName  = "/inplaced.v1.Control/ListOverrides"
+	Control_Resize_FullMethodName         = "/inplaced.v1.Control/Resize"
+	Control_ListResizes_FullMethodName    = "/inplaced.v1.Control/ListResizes"
+	Control_CheckPods_FullMethodName      = "/inplaced.v1.Control/CheckPods"
+	Control_Prepull_FullMethodName        = "/inplaced.v1.Control/Prepull"
+	Control_CancelPrepull_FullMethodName  = "/inplaced.v1.Control/CancelPrepull"
+	Control_ListContainers_FullMethodName = "/inplaced.v1.Control/ListContainers"
+	Control_Watch_FullMethodName          = "/inplaced.v1.Control/Watch"
 )
 
 // ControlClient is the client API for Control service.
@@ -51,6 +56,20 @@ type ControlClient interface {
 	// Resize changes a running container's CPU and memory limits in place.
 	Resize(ctx context.Context, in *ResizeRequest, opts ...grpc.CallOption) (*ResizeRecord, error)
 	ListResizes(ctx context.Context, in *ListResizesRequest, opts ...grpc.CallOption) (*ListResizesResponse, error)
+	// Kubernetes mode: the pods on this node that no longer fit it
+	// (nodeSelector, required node affinity, taints), and why.
+	CheckPods(ctx context.Context, in *CheckPodsRequest, opts ...grpc.CallOption) (*CheckPodsResponse, error)
+	// Prepull pulls images onto the node (one after the other) and streams
+	// their progress. The pulls keep running if the caller goes away;
+	// CancelPrepull (inplacectl on Ctrl-C) stops them.
+	Prepull(ctx context.Context, in *PrepullRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PullProgress], error)
+	CancelPrepull(ctx context.Context, in *CancelPrepullRequest, opts ...grpc.CallOption) (*CancelPrepullResponse, error)
+	// ListContainers lists the containers as kubelet sees them through the
+	// proxy, with what inplaced knows about each.
+	ListContainers(ctx context.Context, in *ListContainersRequest, opts ...grpc.CallOption) (*ListContainersResponse, error)
+	// Watch streams what inplaced does: swaps and their steps, resizes,
+	// overrides set and dropped, kubelet calls waiting on a swap's fence.
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Event], error)
 }
 
 type controlClient struct {
@@ -168,6 +187,74 @@ func (c *controlClient) ListResizes(ctx context.Context, in *ListResizesRequest,
 	return out, nil
 }
 
+func (c *controlClient) CheckPods(ctx context.Context, in *CheckPodsRequest, opts ...grpc.CallOption) (*CheckPodsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckPodsResponse)
+	err := c.cc.Invoke(ctx, Control_CheckPods_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *controlClient) Prepull(ctx context.Context, in *PrepullRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PullProgress], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Control_ServiceDesc.Streams[3], Control_Prepull_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PrepullRequest, PullProgress]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Control_PrepullClient = grpc.ServerStreamingClient[PullProgress]
+
+func (c *controlClient) CancelPrepull(ctx context.Context, in *CancelPrepullRequest, opts ...grpc.CallOption) (*CancelPrepullResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelPrepullResponse)
+	err := c.cc.Invoke(ctx, Control_CancelPrepull_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *controlClient) ListContainers(ctx context.Context, in *ListContainersRequest, opts ...grpc.CallOption) (*ListContainersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListContainersResponse)
+	err := c.cc.Invoke(ctx, Control_ListContainers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *controlClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Event], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Control_ServiceDesc.Streams[4], Control_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequest, Event]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Control_WatchClient = grpc.ServerStreamingClient[Event]
+
 // ControlServer is the server API for Control service.
 // All implementations must embed UnimplementedControlServer
 // for forward compatibility.
@@ -187,6 +274,20 @@ type ControlServer interface {
 	// Resize changes a running container's CPU and memory limits in place.
 	Resize(context.Context, *ResizeRequest) (*ResizeRecord, error)
 	ListResizes(context.Context, *ListResizesRequest) (*ListResizesResponse, error)
+	// Kubernetes mode: the pods on this node that no longer fit it
+	// (nodeSelector, required node affinity, taints), and why.
+	CheckPods(context.Context, *CheckPodsRequest) (*CheckPodsResponse, error)
+	// Prepull pulls images onto the node (one after the other) and streams
+	// their progress. The pulls keep running if the caller goes away;
+	// CancelPrepull (inplacectl on Ctrl-C) stops them.
+	Prepull(*PrepullRequest, grpc.ServerStreamingServer[PullProgress]) error
+	CancelPrepull(context.Context, *CancelPrepullRequest) (*CancelPrepullResponse, error)
+	// ListContainers lists the containers as kubelet sees them through the
+	// proxy, with what inplaced knows about each.
+	ListContainers(context.Context, *ListContainersRequest) (*ListContainersResponse, error)
+	// Watch streams what inplaced does: swaps and their steps, resizes,
+	// overrides set and dropped, kubelet calls waiting on a swap's fence.
+	Watch(*WatchRequest, grpc.ServerStreamingServer[Event]) error
 	mustEmbedUnimplementedControlServer()
 }
 
@@ -220,6 +321,21 @@ func (UnimplementedControlServer) Resize(context.Context, *ResizeRequest) (*Resi
 }
 func (UnimplementedControlServer) ListResizes(context.Context, *ListResizesRequest) (*ListResizesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListResizes not implemented")
+}
+func (UnimplementedControlServer) CheckPods(context.Context, *CheckPodsRequest) (*CheckPodsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CheckPods not implemented")
+}
+func (UnimplementedControlServer) Prepull(*PrepullRequest, grpc.ServerStreamingServer[PullProgress]) error {
+	return status.Errorf(codes.Unimplemented, "method Prepull not implemented")
+}
+func (UnimplementedControlServer) CancelPrepull(context.Context, *CancelPrepullRequest) (*CancelPrepullResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CancelPrepull not implemented")
+}
+func (UnimplementedControlServer) ListContainers(context.Context, *ListContainersRequest) (*ListContainersResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListContainers not implemented")
+}
+func (UnimplementedControlServer) Watch(*WatchRequest, grpc.ServerStreamingServer[Event]) error {
+	return status.Errorf(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedControlServer) mustEmbedUnimplementedControlServer() {}
 func (UnimplementedControlServer) testEmbeddedByValue()                 {}
@@ -365,6 +481,82 @@ func _Control_ListResizes_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Control_CheckPods_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckPodsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControlServer).CheckPods(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Control_CheckPods_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControlServer).CheckPods(ctx, req.(*CheckPodsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Control_Prepull_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(PrepullRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControlServer).Prepull(m, &grpc.GenericServerStream[PrepullRequest, PullProgress]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Control_PrepullServer = grpc.ServerStreamingServer[PullProgress]
+
+func _Control_CancelPrepull_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelPrepullRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControlServer).CancelPrepull(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Control_CancelPrepull_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControlServer).CancelPrepull(ctx, req.(*CancelPrepullRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Control_ListContainers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListContainersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControlServer).ListContainers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Control_ListContainers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControlServer).ListContainers(ctx, req.(*ListContainersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Control_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControlServer).Watch(m, &grpc.GenericServerStream[WatchRequest, Event]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Control_WatchServer = grpc.ServerStreamingServer[Event]
+
 // Control_ServiceDesc is the grpc.ServiceDesc for Control service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -392,6 +584,18 @@ var Control_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ListResizes",
 			Handler:    _Control_ListResizes_Handler,
 		},
+		{
+			MethodName: "CheckPods",
+			Handler:    _Control_CheckPods_Handler,
+		},
+		{
+			MethodName: "CancelPrepull",
+			Handler:    _Control_CancelPrepull_Handler,
+		},
+		{
+			MethodName: "ListContainers",
+			Handler:    _Control_ListContainers_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -407,6 +611,16 @@ var Control_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Revert",
 			Handler:       _Control_Revert_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Prepull",
+			Handler:       _Control_Prepull_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Watch",
+			Handler:       _Control_Watch_Handler,
 			ServerStreams: true,
 		},
 	},

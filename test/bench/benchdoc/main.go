@@ -36,12 +36,15 @@ func run() error {
 		finished = flag.String("finished", "", "end of the run (RFC 3339)")
 		commit   = flag.String("commit", "", "git commit the run measured")
 		command  = flag.String("command", "", "the go test command line")
+		quiet    = flag.String("quiet", "", "how the wait for a quiet machine before the run ended")
 		resize   = flag.String("resize-file", "test/bench/resize_bench_test.go", "the resize benchmark's file (its presence is reported)")
 		out      = flag.String("out", "docs/benchmarks.md", "markdown file to write")
+		loadOut  = flag.String("kubelet-load-out", "", "with BenchmarkKubeletLoad's records in the results, also write its document here "+
+			"(the benchmark writes it itself during a run: this renders it again, e.g. after a change to its wording)")
 	)
 	flag.Parse()
 	in := report.Input{Machine: machine()}
-	in.Machine.Commit, in.Machine.Command = *commit, *command
+	in.Machine.Commit, in.Machine.Command, in.Machine.QuietWait = *commit, *command, *quiet
 	var err error
 	if in.Machine.Started, err = parseTime(*started); err != nil {
 		return err
@@ -77,7 +80,46 @@ func run() error {
 	if err := report.Render(&buf, in); err != nil {
 		return err
 	}
-	return os.WriteFile(*out, buf.Bytes(), 0o644)
+	if err := os.WriteFile(*out, buf.Bytes(), 0o644); err != nil {
+		return err
+	}
+	if *loadOut != "" {
+		return kubeletLoadDoc(in, *loadOut)
+	}
+	return nil
+}
+
+// kubeletLoadDoc writes BenchmarkKubeletLoad's document from the run's
+// records, if it has any: the run's facts are hack/bench.sh's (its start,
+// end, command and load samples) and this machine's.
+func kubeletLoadDoc(in report.Input, path string) error {
+	m := in.Machine
+	r := report.KubeletLoadRun{CPUModel: m.CPUModel, Kernel: m.Kernel, GoVersion: m.GoVersion, NProc: m.NProc,
+		Commit: m.Commit, Command: m.Command, Started: m.Started, Finished: m.Finished, Load: m.Load,
+		Rendered: "again from the run's results file by `BENCH_DOC_ONLY=1 hack/bench.sh` (test/bench/benchdoc); " +
+			"the run's start, end, command and load samples (every 5 s) are hack/bench.sh's"}
+	r.Host, _ = os.Hostname()
+	backends := map[string]*report.Backend{}
+	for _, rec := range in.Records {
+		if rec.Backend != nil {
+			backends[rec.Backend.Backend] = rec.Backend
+		}
+		if k := rec.KubeletLoad; k != nil {
+			r.Loads = append(r.Loads, k)
+			if be := backends[k.Backend]; be != nil {
+				r.Backends = append(r.Backends, fmt.Sprintf("`%s`: %s %s", be.Backend, be.RuntimeName, be.RuntimeVersion))
+			}
+			r.KubeletVersion, _, _ = strings.Cut(k.Kubelet, ",")
+		}
+	}
+	if len(r.Loads) == 0 {
+		return nil
+	}
+	var buf bytes.Buffer
+	if err := report.RenderKubeletLoad(&buf, r, "INPLACED_BENCH_LOAD_DOC"); err != nil {
+		return err
+	}
+	return os.WriteFile(path, buf.Bytes(), 0o644)
 }
 
 func parseTime(s string) (time.Time, error) {

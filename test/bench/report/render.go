@@ -41,6 +41,8 @@ type Machine struct {
 	Finished  time.Time
 	// Load holds the 1-minute load averages sampled during the run.
 	Load []float64
+	// QuietWait says how hack/bench.sh's wait for a quiet machine ended.
+	QuietWait string
 }
 
 // Input is everything Render needs.
@@ -216,7 +218,10 @@ func (d *doc) header(b *strings.Builder) {
 	fmt.Fprintf(b, "# Benchmarks\n\n")
 	fmt.Fprintf(b, "Written by `make bench` (`hack/bench.sh` → `go test -bench . ./test/bench/` → `test/bench/benchdoc`); do not edit by hand. ")
 	fmt.Fprintf(b, "Every figure below was measured in that one run, on the machine described here; ")
-	fmt.Fprintf(b, "the proxy is always compared with the direct path measured **in the same run**, so the ratios matter more than the absolute numbers.\n\n")
+	fmt.Fprintf(b, "the proxy is always compared with the direct path measured **in the same run**, so the ratios matter more than the absolute numbers. "+
+		"Two benchmarks that run a kubelet write documents of their own: [benchmarks-kubernetes.md](benchmarks-kubernetes.md) (`BenchmarkKubePatch`, "+
+		"an image patch in Kubernetes mode) and [benchmarks-kubelet-load.md](benchmarks-kubelet-load.md) (`BenchmarkKubeletLoad`, what a node pays "+
+		"for inplaced while a kubelet manages 60 pods through it).\n\n")
 	fmt.Fprintf(b, "## Machine and run\n\n")
 	fmt.Fprintf(b, "| | |\n|---|---|\n")
 	fmt.Fprintf(b, "| CPU | %s, %d CPUs (`nproc`) |\n", m.CPUModel, m.NProc)
@@ -245,6 +250,9 @@ func (d *doc) header(b *strings.Builder) {
 		fmt.Fprintf(b, "| 1-min load average during the run | min %.1f, median %.1f, max %.1f (%d samples; on %d CPUs) |\n",
 			s[0], s[len(s)/2], s[len(s)-1], len(s), m.NProc)
 	}
+	if m.QuietWait != "" {
+		fmt.Fprintf(b, "| Before the run | %s |\n", m.QuietWait)
+	}
 	if m.Command != "" {
 		fmt.Fprintf(b, "| Command | `%s` |\n", m.Command)
 	}
@@ -267,6 +275,9 @@ type targetRow struct {
 	// link marks a reference row: the swap target with the large image
 	// pulled over a paced link instead of loopback.
 	link bool
+	// cells are the latency cells the verdict is drawn from: when any was
+	// measured under load the verdict is "unreliable" (hygiene.go).
+	cells []*Latency
 }
 
 // IsFloor tells the floors of BenchmarkCRI (byte relays that parse
@@ -313,6 +324,7 @@ func (d *doc) targetRows() []targetRow {
 					backend:  be,
 					measured: fmt.Sprintf("%d of %d calls within; largest: %s +%s", pass, n, worst.Method, fmtDur(worst.Proxy.P50-worst.Direct.P50)),
 					ok:       pass == n,
+					cells:    cellsAt(d.latencies[be], "", conc),
 				})
 			}
 		}
@@ -326,8 +338,10 @@ func (d *doc) targetRows() []targetRow {
 				backend:  be,
 				measured: fmt.Sprintf("%s (p99 %s)", fmtRatio(r), fmtRatio(ratio(float64(l.Proxy.P99), float64(l.Direct.P99)))),
 				ok:       r <= TargetListRatio,
+				cells:    []*Latency{l},
 			})
 		}
+		rows = append(rows, d.vsFloorRows(be)...)
 		rows = append(rows, d.floorRows(be)...)
 		for _, img := range sortedKeys(d.downtimes[be]) {
 			ms := d.downtimes[be][img]
@@ -425,12 +439,12 @@ func (d *doc) floorRows(be string) []targetRow {
 			rows = append(rows, targetRow{floor: true, backend: be,
 				target:   fmt.Sprintf("reference, *%s*: p50 added ≤ %s, every call, %s", v, fmtDur(int64(TargetAddedP50)), callers(conc)),
 				measured: fmt.Sprintf("%d of %d calls within; largest: %s +%s", pass, n, worst.Method, fmtDur(worst.Proxy.P50-worst.Direct.P50)),
-				ok:       pass == n})
+				ok:       pass == n, cells: cellsAt(d.variants[be], v, conc)})
 			if list != nil {
 				r := ratio(float64(list.Proxy.P50), float64(list.Direct.P50))
 				rows = append(rows, targetRow{floor: true, backend: be,
 					target:   fmt.Sprintf("reference, *%s*: ListContainers p50 ≤ %.2f× direct, %s", v, TargetListRatio, callers(conc)),
-					measured: fmtRatio(r), ok: r <= TargetListRatio})
+					measured: fmtRatio(r), ok: r <= TargetListRatio, cells: []*Latency{list}})
 			}
 		}
 	}
@@ -457,9 +471,17 @@ func (d *doc) targets(b *strings.Builder) {
 				v = "not met even by the floor"
 			}
 		}
+		if why := Unreliable(r.cells...); why != "" {
+			v = "unreliable (" + why + ")"
+		}
 		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", r.target, r.backend, r.measured, v)
 	}
 	b.WriteString("\n")
+	if slices.ContainsFunc(rows, func(r targetRow) bool { return Unreliable(r.cells...) != "" }) {
+		fmt.Fprintf(b, "An *unreliable* verdict was drawn from cells measured while other work used more than %.0f%% of the machine's CPUs, "+
+			"or while a floor's p50 moved by more than %.0f%% between the rounds of a cell (section 1, *Conditions*): on this machine such "+
+			"a run says nothing either way about the target; it must be measured again on a quiet machine.\n\n", MaxForeignLoadPerCPU*100, MaxFloorDrift*100)
+	}
 	if slices.ContainsFunc(rows, func(r targetRow) bool { return r.floor }) {
 		fmt.Fprintf(b, "The *reference* rows apply the targets to floors measured in the same run. Per call: byte relays that only copy "+
 			"between the caller's socket and containerd's (section 1); a per-call target the floor does not meet cannot be met by any process "+
@@ -488,26 +510,26 @@ func (d *doc) latency(b *strings.Builder) {
 			continue
 		}
 		fmt.Fprintf(b, "### %s\n\n", be)
-		fmt.Fprintf(b, "| Call | Callers | Direct p50 | Proxy p50 | Added p50 | p50 ratio | Direct p99 | Proxy p99 | p99 ratio | inplaced CPU per call | Calls per path | Target |\n")
-		fmt.Fprintf(b, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
+		fmt.Fprintf(b, "| Call | Callers | Direct p50 | Proxy p50 | Added p50 | p50 ratio | Direct p99 | Proxy p99 | p99 ratio | inplaced CPU per call | Calls per path | Target | Conditions |\n")
+		fmt.Fprintf(b, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|\n")
 		for _, l := range ls {
 			added := l.Proxy.P50 - l.Direct.P50
 			name := l.Method
 			if l.Note != "" {
 				name += " (" + l.Note + ")"
 			}
-			target := fmt.Sprintf("added ≤ %s: %s", fmtDur(int64(TargetAddedP50)), verdict(time.Duration(added) <= TargetAddedP50))
+			target := fmt.Sprintf("added ≤ %s: %s", fmtDur(int64(TargetAddedP50)), judged(time.Duration(added) <= TargetAddedP50, l))
 			if l.Method == "ListContainers" {
-				target += fmt.Sprintf("; ≤ %.2f×: %s", TargetListRatio, verdict(ratio(float64(l.Proxy.P50), float64(l.Direct.P50)) <= TargetListRatio))
+				target += fmt.Sprintf("; ≤ %.2f×: %s", TargetListRatio, judged(ratio(float64(l.Proxy.P50), float64(l.Direct.P50)) <= TargetListRatio, l))
 			}
 			cpu := "–"
 			if l.ProxyCPUPerCall > 0 {
 				cpu = fmtDur(l.ProxyCPUPerCall)
 			}
-			fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", name, l.Concurrency,
+			fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %d | %s | %s |\n", name, l.Concurrency,
 				fmtDur(l.Direct.P50), fmtDur(l.Proxy.P50), fmtDur(added), fmtRatio(ratio(float64(l.Proxy.P50), float64(l.Direct.P50))),
 				fmtDur(l.Direct.P99), fmtDur(l.Proxy.P99), fmtRatio(ratio(float64(l.Proxy.P99), float64(l.Direct.P99))),
-				cpu, min(l.Direct.N, l.Proxy.N), target)
+				cpu, min(l.Direct.N, l.Proxy.N), target, fmtConditions(l.Conditions))
 		}
 		b.WriteString("\n")
 		if vs := d.variants[be]; len(vs) > 0 {
@@ -516,8 +538,9 @@ func (d *doc) latency(b *strings.Builder) {
 				fmt.Fprintf(b, "- *%s*: %s\n", v, variantAbout(v))
 			}
 			fmt.Fprintf(b, "\nThe targets above are judged on inplaced as installed.\n\n")
-			fmt.Fprintf(b, "| Call | Callers | Path | Direct p50 | Path p50 | Added p50 | p50 ratio | Direct p99 | Path p99 | p99 ratio | CPU per call |\n")
-			fmt.Fprintf(b, "|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+			conditionsNote(b)
+			fmt.Fprintf(b, "| Call | Callers | Path | Direct p50 | Path p50 | Added p50 | p50 ratio | Direct p99 | Path p99 | p99 ratio | CPU per call | p50 moved between rounds |\n")
+			fmt.Fprintf(b, "|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 			for _, l := range vs {
 				name := l.Method
 				if l.Note != "" {
@@ -527,12 +550,17 @@ func (d *doc) latency(b *strings.Builder) {
 				if l.ProxyCPUPerCall > 0 {
 					cpu = fmtDur(l.ProxyCPUPerCall)
 				}
-				fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name, l.Concurrency, l.Variant,
+				moved := "–"
+				if len(l.WindowP50) > 1 {
+					moved = fmt.Sprintf("%.0f%%", Drift(l.WindowP50)*100)
+				}
+				fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name, l.Concurrency, l.Variant,
 					fmtDur(l.Direct.P50), fmtDur(l.Proxy.P50), fmtDur(l.Proxy.P50-l.Direct.P50), fmtRatio(ratio(float64(l.Proxy.P50), float64(l.Direct.P50))),
-					fmtDur(l.Direct.P99), fmtDur(l.Proxy.P99), fmtRatio(ratio(float64(l.Proxy.P99), float64(l.Direct.P99))), cpu)
+					fmtDur(l.Direct.P99), fmtDur(l.Proxy.P99), fmtRatio(ratio(float64(l.Proxy.P99), float64(l.Direct.P99))), cpu, moved)
 			}
 			b.WriteString("\n")
 		}
+		d.vsFloorTable(b, be)
 		if m := d.memory[be]; m != nil {
 			fmt.Fprintf(b, "inplaced after relaying the %d calls of these cells: **VmRSS %.1f MiB**, peak (VmHWM) %.1f MiB (`/proc/<pid>/status`); "+
 				"it used %s of CPU for them (`/proc/<pid>/stat` utime + stime), %s per call on average. "+

@@ -105,11 +105,19 @@ type Latency struct {
 	// ProxyCPUPerCall is the CPU time (user + system) inplaced spent during
 	// the cell divided by the calls it relayed, in ns; 0 if unknown.
 	ProxyCPUPerCall int64 `json:"proxy_cpu_per_call_ns,omitempty"`
+	// ProxyInstrPerCall is the instructions the proxy process executed per
+	// call (valgrind --tool=callgrind), when measured.
+	ProxyInstrPerCall int64 `json:"proxy_instr_per_call,omitempty"`
 	// ProxyAllocBytes and ProxyAllocs are the heap bytes and objects the
 	// proxy path allocated per call beyond the direct path (in-process
 	// relay only).
 	ProxyAllocBytes int64 `json:"proxy_alloc_bytes,omitempty"`
 	ProxyAllocs     int64 `json:"proxy_allocs,omitempty"`
+	// Conditions is how busy the machine was during the cell (hygiene.go).
+	Conditions *Conditions `json:"conditions,omitempty"`
+	// WindowP50 is this path's p50 in each of DriftWindows consecutive
+	// windows of the cell's rounds: how much it moved while measured.
+	WindowP50 []int64 `json:"window_p50_ns,omitempty"`
 }
 
 // Profile is where inplaced's CPU time went while it relayed the calls of
@@ -213,6 +221,9 @@ type Record struct {
 	Profile  *Profile  `json:"profile,omitempty"`
 	Downtime *Downtime `json:"downtime,omitempty"`
 	Backend  *Backend  `json:"backend,omitempty"`
+	// KubeletLoad is BenchmarkKubeletLoad's window on one backend; it has
+	// its own document (RenderKubeletLoad), Render skips it.
+	KubeletLoad *KubeletLoad `json:"kubelet_load,omitempty"`
 }
 
 var appendMu sync.Mutex

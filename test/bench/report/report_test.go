@@ -83,6 +83,9 @@ func TestAppendLoad(t *testing.T) {
 	}
 }
 
+// quiet are the conditions of a cell measured on a quiet machine.
+var quiet = &Conditions{NProc: 2, Load1Start: 0.3, Load1Max: 1.1, RunQueueMean: 1.2, RunQueueMax: 3, ForeignCPU: 0.1}
+
 func sampleInput() Input {
 	us := func(n int64) int64 { return n * 1e3 }
 	ms := func(n int64) int64 { return n * 1e6 }
@@ -91,15 +94,15 @@ func sampleInput() Input {
 		Records: []Record{
 			{Backend: &Backend{Backend: "containerd-2.4", RuntimeName: "containerd", RuntimeVersion: "2.4.2", Binary: "/x/containerd"}},
 			{Latency: &Latency{Backend: "containerd-2.4", Method: "Version", Concurrency: 1,
-				Direct: Summary{N: 2000, P50: us(60), P99: us(200)}, Proxy: Summary{N: 2000, P50: us(100), P99: us(300)}}},
+				Direct: Summary{N: 2000, P50: us(60), P99: us(200)}, Proxy: Summary{N: 2000, P50: us(100), P99: us(300)}, Conditions: quiet}},
 			{Latency: &Latency{Backend: "containerd-2.4", Method: "ListContainers", Concurrency: 1, Note: "100 containers",
-				Direct: Summary{N: 2000, P50: us(1000), P99: us(2000)}, Proxy: Summary{N: 2000, P50: us(1100), P99: us(2100)}}},
+				Direct: Summary{N: 2000, P50: us(1000), P99: us(2000)}, Proxy: Summary{N: 2000, P50: us(1100), P99: us(2100)}, Conditions: quiet}},
 			{Latency: &Latency{Backend: "containerd-2.4", Method: "Version", Concurrency: 1, Variant: "GOMAXPROCS=1",
 				Direct: Summary{N: 2000, P50: us(60), P99: us(200)}, Proxy: Summary{N: 2000, P50: us(90), P99: us(250)}, ProxyCPUPerCall: us(40)}},
 			{Latency: &Latency{Backend: "containerd-2.4", Method: "Version", Concurrency: 1, Variant: "floor: Go byte relay",
-				Direct: Summary{N: 2000, P50: us(60), P99: us(200)}, Proxy: Summary{N: 2000, P50: us(130), P99: us(250)}}},
+				Direct: Summary{N: 2000, P50: us(60), P99: us(200)}, Proxy: Summary{N: 2000, P50: us(130), P99: us(250)}, Conditions: quiet}},
 			{Latency: &Latency{Backend: "containerd-2.4", Method: "ListContainers", Concurrency: 1, Note: "100 containers", Variant: "floor: Go byte relay",
-				Direct: Summary{N: 2000, P50: us(1000), P99: us(2000)}, Proxy: Summary{N: 2000, P50: us(1030), P99: us(2100)}}},
+				Direct: Summary{N: 2000, P50: us(1000), P99: us(2000)}, Proxy: Summary{N: 2000, P50: us(1030), P99: us(2100)}, Conditions: quiet}},
 			{Profile: &Profile{Backend: "containerd-2.4", Samples: 100,
 				Groups:  []ProfileEntry{{"kernel: syscalls, socket I/O, scheduling", 60}, {"inplaced: relay and interceptors", 0.3}},
 				Top:     []ProfileEntry{{"pvm_irq_enable", 50}},

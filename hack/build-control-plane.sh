@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Builds the two processes of a minimal Kubernetes control plane for the e2e
+# harness (test/harness/controlplane.go) from the Go module proxy:
+#   ${INPLACED_TOOLS:-/var/cache/inplaced/tools}/kube-apiserver-${KUBE_APISERVER_VERSION}/kube-apiserver
+#   ${INPLACED_TOOLS:-/var/cache/inplaced/tools}/etcd-${ETCD_VERSION}/etcd
+# and skips each one that is already there (--force rebuilds both). No
+# scheduler, controller-manager or kubectl: tests bind pods with spec.nodeName
+# and talk to the API with client-go.
+set -euo pipefail
+
+KUBE_APISERVER_VERSION="${KUBE_APISERVER_VERSION:-v1.37.2}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+TOOLS="${INPLACED_TOOLS:-/var/cache/inplaced/tools}"
+HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+APISERVER="${TOOLS}/kube-apiserver-${KUBE_APISERVER_VERSION}/kube-apiserver"
+ETCD="${TOOLS}/etcd-${ETCD_VERSION}/etcd"
+
+log() { printf '[build-control-plane] %s\n' "$*" >&2; }
+# shellcheck source=lib/k8s-build.sh
+source "${HACK}/lib/k8s-build.sh"
+# shellcheck source=lib/timing.sh
+source "${HACK}/lib/timing.sh"
+
+force=0
+[[ "${1:-}" == "--force" ]] && force=1
+
+# etcd's server module cannot be `go install`ed either (its go.mod has replace
+# directives): a scratch main package calls etcdmain.Main, the etcd command.
+build_etcd() {
+	local work
+	work="$(mktemp -d "${TMPDIR:-/tmp}/inplaced-etcd.XXXXXX")"
+	(
+		trap 'rm -rf "${work}"' EXIT
+		cd "${work}"
+		export GOFLAGS="${GOFLAGS:-} -mod=mod"
+		go mod init inplaced.local/etcd-build >/dev/null 2>&1
+		cat >main.go <<'GO'
+// Command etcd is etcd's own command (etcdmain), built from the module proxy.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+		go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" >/dev/null
+		go mod tidy >/dev/null
+		mkdir -p "$(dirname "${ETCD}")"
+		CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "${ETCD}.tmp" .
+	)
+	mv "${ETCD}.tmp" "${ETCD}"
+}
+
+# One after the other: each build uses every core on its own.
+if [[ -x "${ETCD}" && ${force} == 0 ]]; then
+	log "etcd ${ETCD_VERSION} present at ${ETCD}"
+else
+	start=$(date +%s)
+	log "building etcd ${ETCD_VERSION}"
+	build_etcd
+	log "built ${ETCD} in $(( $(date +%s) - start ))s"
+	timing_record etcd $(( $(date +%s) - start ))
+	"${ETCD}" --version >&2
+fi
+
+if [[ -x "${APISERVER}" && ${force} == 0 ]]; then
+	log "kube-apiserver ${KUBE_APISERVER_VERSION} present at ${APISERVER}"
+else
+	start=$(date +%s)
+	log "building kube-apiserver ${KUBE_APISERVER_VERSION}"
+	k8s_build "${KUBE_APISERVER_VERSION}" k8s.io/kubernetes/cmd/kube-apiserver "${APISERVER}"
+	log "built ${APISERVER} in $(( $(date +%s) - start ))s"
+	timing_record kube-apiserver $(( $(date +%s) - start ))
+	"${APISERVER}" --version >&2
+fi

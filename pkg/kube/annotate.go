@@ -1,0 +1,387 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/inplaced/inplaced/pkg/swap"
+	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
+)
+
+// Event reasons on the pod (a contract: tooling watches them).
+const (
+	EventSwapStarted    = "InPlaceSwapStarted"
+	EventSwapCommitted  = "InPlaceSwapCommitted"
+	EventSwapFailed     = "InPlaceSwapFailed"
+	EventSwapRolledBack = "InPlaceSwapRolledBack"
+)
+
+// CallerAnnotation describes who asked for an annotation-driven swap.
+const CallerAnnotation = "pod annotation " + AnnotationSwap
+
+// Status states written to inplaced.io/swap-status.
+const (
+	StateRefused        = "Refused"
+	StateRunning        = "Running"
+	StateCommitted      = "Committed"
+	StateFailed         = "Failed"
+	StateRolledBack     = "RolledBack"
+	StateRollbackFailed = "RollbackFailed"
+	StateAborted        = "Aborted"
+)
+
+// SwapStatus is the JSON of the inplaced.io/swap-status annotation.
+type SwapStatus struct {
+	RequestDigest string        `json:"requestDigest"`
+	SwapID        string        `json:"swapID,omitempty"`
+	State         string        `json:"state"`
+	Container     string        `json:"container,omitempty"`
+	From          *ConfigStatus `json:"from,omitempty"`
+	To            *ConfigStatus `json:"to,omitempty"`
+	Steps         []StepStatus  `json:"steps,omitempty"`
+	DowntimeMs    float64       `json:"downtimeMs,omitempty"`
+	Error         string        `json:"error,omitempty"`
+	// Override: the container runs a config the pod spec does not declare
+	// (env, command, args) until the spec changes.
+	Override  bool   `json:"override,omitempty"`
+	UpdatedAt string `json:"updatedAt"`
+}
+
+// ConfigStatus is what a swap changes; env values are never shown.
+type ConfigStatus struct {
+	Image   string   `json:"image,omitempty"`
+	Env     []string `json:"env,omitempty"`
+	Command []string `json:"command,omitempty"`
+	Args    []string `json:"args,omitempty"`
+}
+
+// StepStatus is one timed step.
+type StepStatus struct {
+	Name       string  `json:"name"`
+	DurationMs float64 `json:"durationMs"`
+	Error      string  `json:"error,omitempty"`
+}
+
+func configStatus(s *inplacedv1.ConfigSummary) *ConfigStatus {
+	if s == nil {
+		return nil
+	}
+	return &ConfigStatus{Image: s.Image, Env: s.Env, Command: s.Command, Args: s.Args}
+}
+
+// statusFromRecord turns a swap record into the status annotation.
+func statusFromRecord(digest string, rec *inplacedv1.SwapRecord) *SwapStatus {
+	st := &SwapStatus{RequestDigest: digest, SwapID: rec.Id, Container: rec.Container,
+		From: configStatus(rec.From), To: configStatus(rec.To), Error: rec.Error,
+		DowntimeMs: float64(rec.DowntimeNs) / 1e6}
+	for _, s := range rec.Steps {
+		st.Steps = append(st.Steps, StepStatus{Name: s.Name, DurationMs: float64(s.DurationNs) / 1e6, Error: s.Error})
+	}
+	switch rec.State {
+	case inplacedv1.SwapState_SWAP_STATE_RUNNING:
+		st.State = StateRunning
+	case inplacedv1.SwapState_SWAP_STATE_COMMITTED:
+		st.State, st.Override = StateCommitted, true
+	case inplacedv1.SwapState_SWAP_STATE_FAILED:
+		st.State = StateFailed
+		if rolledBack(rec) {
+			st.State = StateRolledBack
+		}
+	case inplacedv1.SwapState_SWAP_STATE_ROLLBACK_FAILED:
+		st.State = StateRollbackFailed
+	default:
+		st.State = StateAborted
+	}
+	return st
+}
+
+func rolledBack(rec *inplacedv1.SwapRecord) bool {
+	for _, s := range rec.Steps {
+		if s.Name == swap.StepRollback && s.Error == "" {
+			return true
+		}
+	}
+	return false
+}
+
+func readStatus(pod *corev1.Pod) *SwapStatus {
+	raw := pod.Annotations[AnnotationSwapStatus]
+	if raw == "" {
+		return nil
+	}
+	st := &SwapStatus{}
+	if json.Unmarshal([]byte(raw), st) != nil {
+		return nil
+	}
+	return st
+}
+
+func hasReadinessGate(pod *corev1.Pod) bool {
+	for _, g := range pod.Spec.ReadinessGates {
+		if string(g.ConditionType) == ConditionInPlaceReady {
+			return true
+		}
+	}
+	return false
+}
+
+func conditionStatus(pod *corev1.Pod, typ string) corev1.ConditionStatus {
+	for _, c := range pod.Status.Conditions {
+		if string(c.Type) == typ {
+			return c.Status
+		}
+	}
+	return ""
+}
+
+// syncRequest starts the swap an inplaced.io/swap annotation asks for,
+// once per distinct request, and keeps the readiness gate True while no
+// swap runs.
+func (c *Controller) syncRequest(pod *corev1.Pod) {
+	raw := pod.Annotations[AnnotationSwap]
+	running := c.requestRunning(pod.UID)
+	if hasReadinessGate(pod) && !running && conditionStatus(pod, ConditionInPlaceReady) != corev1.ConditionTrue {
+		c.setCondition(pod, ConditionInPlaceReady, corev1.ConditionTrue, "NoSwapRunning", "no in-place swap is running")
+	}
+	if raw == "" || running {
+		return
+	}
+	digest := Digest(raw)
+	if st := readStatus(pod); st != nil && st.RequestDigest == digest {
+		return // seen: ran, runs, or was refused
+	}
+	c.mu.Lock()
+	if c.seen[pod.UID] == digest {
+		c.mu.Unlock()
+		return // status write still on its way (or refused by the API)
+	}
+	c.seen[pod.UID] = digest
+	c.mu.Unlock()
+	log := c.log.With(zap.String("pod", pod.Namespace+"/"+pod.Name), zap.String("request", digest))
+	req, err := ParseSwapRequest(raw)
+	if err != nil {
+		log.Warn("swap request refused", zap.Error(err))
+		c.refuse(pod, digest, "", err)
+		return
+	}
+	change, opts := req.Change()
+	hooks := swap.Hooks{}
+	if hasReadinessGate(pod) {
+		drain := time.Duration(req.DrainSeconds) * time.Second
+		hooks.BeforeStop = func(ctx context.Context) error {
+			c.setCondition(pod, ConditionInPlaceReady, corev1.ConditionFalse, "InPlaceSwap",
+				fmt.Sprintf("in-place swap of container %s: out of the Service endpoints for %s before the old container stops", req.Container, drain))
+			select {
+			case <-time.After(drain):
+				return nil
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		}
+	}
+	// The image goes into the spec after the commit when the identity may
+	// write it; else it stays an override (and the pod says why once).
+	var specHash string
+	if req.Image != "" {
+		if err := c.canPatchSpec(pod, req.Container, req.Image); err != nil {
+			log.Info("the swapped image will stay an override: the spec cannot be written", zap.Error(err))
+			c.cannot(pod, "patch the pod spec image (the new image stays an override, the spec names the old one)", err)
+		} else {
+			specHash = ContainerHash(req.Container, req.Image)
+			hooks.SpecHash = specHash
+		}
+	}
+	sub, err := c.engine.StartWithHooks(c.ctx, &inplacedv1.SwapRequest{
+		Target: &inplacedv1.Target{Namespace: pod.Namespace, Pod: pod.Name, Container: req.Container},
+		Change: change, Options: opts,
+	}, swap.Caller{Description: CallerAnnotation}, hooks)
+	if err != nil {
+		log.Warn("swap request refused by the engine", zap.Error(err))
+		c.refuse(pod, digest, req.Container, err)
+		return
+	}
+	c.mu.Lock()
+	c.requests[pod.UID] = digest
+	c.mu.Unlock()
+	c.event(pod, corev1.EventTypeNormal, EventSwapStarted, "in-place swap of container %s requested by %s started", req.Container, AnnotationSwap)
+	c.writeStatus(pod, &SwapStatus{RequestDigest: digest, State: StateRunning, Container: req.Container})
+	go c.follow(pod, digest, req, specHash, sub)
+}
+
+// follow writes the swap's progress and end to the pod, and after a
+// commit hands the image over to the spec (specHash set).
+func (c *Controller) follow(pod *corev1.Pod, digest string, req *SwapRequest, specHash string, sub *swap.Subscription) {
+	container := req.Container
+	readied := false
+	ready := func() {
+		if hasReadinessGate(pod) && !readied {
+			c.setCondition(pod, ConditionInPlaceReady, corev1.ConditionTrue, "NoSwapRunning", "no in-place swap is running")
+		}
+		readied = true
+	}
+	defer func() {
+		c.mu.Lock()
+		delete(c.requests, pod.UID)
+		c.mu.Unlock()
+		ready()
+	}()
+	var last *inplacedv1.SwapEvent
+	for ev := range sub.C {
+		last = ev
+		if ev.Record == nil && strings.HasPrefix(ev.Message, "done") {
+			c.writeStatus(pod, &SwapStatus{RequestDigest: digest, SwapID: ev.SwapId, State: StateRunning, Container: container,
+				Steps: []StepStatus{{Name: ev.Step}}})
+		}
+	}
+	if last == nil || last.Record == nil {
+		c.writeStatus(pod, &SwapStatus{RequestDigest: digest, State: StateAborted, Container: container, Error: "the swap ended without a record (inplaced stopping?)"})
+		return
+	}
+	rec := last.Record
+	st := statusFromRecord(digest, rec)
+	c.writeStatus(pod, st)
+	switch st.State {
+	case StateCommitted:
+		c.event(pod, corev1.EventTypeNormal, EventSwapCommitted, "container %s swapped in place (%s → %s), downtime %s",
+			container, rec.From.GetImage(), rec.To.GetImage(), time.Duration(rec.DowntimeNs).Round(time.Millisecond))
+		if specHash != "" {
+			// The new container passed its health gate: back in the endpoints
+			// now, not after the spec handover (a second or two).
+			ready()
+			step := c.handOverSpec(pod, rec, req.Image, specHash, req.ImageOnly())
+			st.Steps = append(st.Steps, step)
+			st.Override = step.Error != "" || !req.ImageOnly()
+			c.writeStatus(pod, st)
+		}
+	case StateRolledBack:
+		c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "in-place swap of container %s failed: %s", container, rec.Error)
+		c.event(pod, corev1.EventTypeWarning, EventSwapRolledBack, "container %s rolled back: the old configuration runs again", container)
+	default:
+		c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "in-place swap of container %s ended %s: %s", container, st.State, rec.Error)
+	}
+}
+
+func (c *Controller) requestRunning(uid types.UID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.requests[uid]
+	return ok
+}
+
+func (c *Controller) refuse(pod *corev1.Pod, digest, container string, err error) {
+	msg := err.Error()
+	if s, ok := status.FromError(err); ok {
+		msg = s.Message()
+	}
+	c.writeStatus(pod, &SwapStatus{RequestDigest: digest, State: StateRefused, Container: container, Error: msg})
+	c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "%s refused, nothing changed: %s", AnnotationSwap, msg)
+}
+
+// apiTimeout bounds each write to the API server; nothing on the CRI path
+// waits for them.
+const apiTimeout = 10 * time.Second
+
+// writeStatus sets the status annotation through pods/status (what a
+// node's credentials may write).
+func (c *Controller) writeStatus(pod *corev1.Pod, st *SwapStatus) {
+	st.UpdatedAt = c.now().UTC().Format(time.RFC3339Nano)
+	b, _ := json.Marshal(st)
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationSwapStatus: string(b)}}})
+	ctx, cancel := context.WithTimeout(c.ctx, apiTimeout)
+	defer cancel()
+	if _, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+		c.log.Warn("cannot write the swap status annotation", zap.String("pod", pod.Namespace+"/"+pod.Name), zap.Error(err))
+		c.cannot(pod, "write "+AnnotationSwapStatus, err)
+	}
+}
+
+// setCondition writes one pod condition through pods/status; kubelet keeps
+// conditions it does not own.
+func (c *Controller) setCondition(pod *corev1.Pod, typ string, s corev1.ConditionStatus, reason, msg string) {
+	cond := map[string]any{"type": typ, "status": string(s), "reason": reason, "message": msg,
+		"lastTransitionTime": metav1.NewTime(c.now()).UTC().Format(time.RFC3339)}
+	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []any{cond}}})
+	ctx, cancel := context.WithTimeout(c.ctx, apiTimeout)
+	defer cancel()
+	if _, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+		c.log.Warn("cannot set pod condition", zap.String("pod", pod.Namespace+"/"+pod.Name), zap.String("condition", typ), zap.Error(err))
+		c.cannot(pod, "set condition "+typ, err)
+	}
+}
+
+// cannot says once per pod and action what the identity may not do.
+func (c *Controller) cannot(pod *corev1.Pod, what string, err error) {
+	key := string(pod.UID) + "/" + what
+	c.mu.Lock()
+	seen := c.told[key]
+	c.told[key] = true
+	c.mu.Unlock()
+	if !seen {
+		c.event(pod, corev1.EventTypeWarning, "InPlacedForbidden", "inplaced could not %s: %v (give inplaced the identity of deploy/kubernetes/rbac.yaml)", what, err)
+	}
+}
+
+func (c *Controller) event(pod *corev1.Pod, typ, reason, format string, args ...any) {
+	if c.recorder == nil {
+		return
+	}
+	c.recorder.Eventf(pod, typ, reason, format, args...)
+}
+
+// Report is the engine's swap news (swap.Engine.OnSwap): swaps not asked
+// for by annotation — node-local (inplacectl), kubelet-driven, env from
+// metadata — get the same events and status annotation on their pod.
+// Everything is written in the background; nothing here blocks the engine.
+func (c *Controller) Report(n swap.SwapNews) {
+	rec := n.Record
+	if rec.GetCaller().GetDescription() == CallerAnnotation {
+		return // follow reports those, with the request's digest
+	}
+	c.mu.Lock()
+	lister := c.lister
+	c.mu.Unlock()
+	if lister == nil || rec.Pod == "" {
+		return
+	}
+	pod, err := lister.Pods(rec.Namespace).Get(rec.Pod)
+	if err != nil || (rec.PodUid != "" && string(pod.UID) != rec.PodUid) {
+		return
+	}
+	go func() {
+		if !n.Ended {
+			c.event(pod, corev1.EventTypeNormal, EventSwapStarted, "in-place swap of container %s started (%s)", rec.Container, callerOf(rec))
+			return
+		}
+		st := statusFromRecord("", rec)
+		if cur := readStatus(pod); cur != nil {
+			st.RequestDigest = cur.RequestDigest // a request on the pod must not run again
+		}
+		c.writeStatus(pod, st)
+		switch st.State {
+		case StateCommitted:
+			c.event(pod, corev1.EventTypeNormal, EventSwapCommitted, "container %s swapped in place (%s → %s, %s), downtime %s",
+				rec.Container, rec.From.GetImage(), rec.To.GetImage(), callerOf(rec), time.Duration(rec.DowntimeNs).Round(time.Millisecond))
+		case StateRolledBack:
+			c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "in-place swap of container %s failed (%s): %s", rec.Container, callerOf(rec), rec.Error)
+			c.event(pod, corev1.EventTypeWarning, EventSwapRolledBack, "container %s rolled back: the old configuration runs again", rec.Container)
+		default:
+			c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "in-place swap of container %s ended %s (%s): %s", rec.Container, st.State, callerOf(rec), rec.Error)
+		}
+	}()
+}
+
+func callerOf(rec *inplacedv1.SwapRecord) string {
+	if d := rec.GetCaller().GetDescription(); d != "" {
+		return d
+	}
+	return fmt.Sprintf("inplacectl, uid %d", rec.GetCaller().GetUid())
+}

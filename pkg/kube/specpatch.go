@@ -1,0 +1,194 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
+)
+
+// An image requested on the pod (inplaced.io/swap) ends up in the pod's
+// spec, so that `kubectl get pod` tells the truth and kubelet has nothing
+// to do. kubelet restarts a container whose hash differs from its spec's,
+// and it compares the spec it has with the container status it cached at
+// the last relist that saw the pod's containers change — so the order is:
+//
+//  1. The swap creates the new container with kubelet's hash for the new
+//     spec, and kubelet is shown the old hash for it (fence.PresentHash).
+//  2. The swap ends; kubelet's next relist sees the new container, caches
+//     its status with the old hash and syncs the pod against the old spec:
+//     nothing to do. Its status write names the new container: that sync
+//     has taken its spec.
+//  3. inplaced patches the spec image. A sync that took the old spec may
+//     still be queued behind the one whose status was seen, waiting for a
+//     relist newer than that one; kubelet's next relist lets it run, still
+//     against the old hash. After that relist, inplaced shows the
+//     container's own hash again and removes the stopped old container.
+//     kubelet's sync for the spec change runs after the queued one, so it
+//     waits for the relist after; that relist sees the old container gone
+//     and reads the new one's status again, now with the hash of the new
+//     spec.
+//
+// The identity needs `patch` on pods (deploy/kubernetes/rbac.yaml); a node's
+// own credentials may not change a pod spec. Without it the image stays a
+// sticky override, as for node-local swaps.
+
+// StepSpecPatch names the status entry of writing the spec image.
+const StepSpecPatch = "spec-patch"
+
+// relistSettle is how long after a relist's ListContainers its cache
+// update and the sync it releases take (milliseconds on a busy node); the
+// next relist is most of a second away.
+const relistSettle = 200 * time.Millisecond
+
+// kubeletSeesWait bounds step 2: kubelet relists every second.
+const kubeletSeesWait = 10 * time.Second
+
+// specPatch is the strategic merge patch of one container's image, with
+// the pod's UID as a precondition.
+func specPatch(pod *corev1.Pod, container, image string) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"metadata": map[string]any{"uid": pod.UID},
+		"spec":     map[string]any{"containers": []any{map[string]any{"name": container, "image": image}}},
+	})
+	return b
+}
+
+// canPatchSpec asks the API server, with a dry run that goes through
+// authorization and admission (NodeRestriction refuses a node's spec
+// writes), whether the image can be written into the spec.
+func (c *Controller) canPatchSpec(pod *corev1.Pod, container, image string) error {
+	ctx, cancel := context.WithTimeout(c.ctx, apiTimeout)
+	defer cancel()
+	_, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType,
+		specPatch(pod, container, image), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+	return err
+}
+
+// handOverSpec is steps 2 and 3 for a committed swap; it returns the
+// step's entry for the status annotation.
+func (c *Controller) handOverSpec(pod *corev1.Pod, rec *inplacedv1.SwapRecord, image, specHash string, imageOnly bool) StepStatus {
+	start := c.now()
+	log := c.log.With(zap.String("pod", pod.Namespace+"/"+pod.Name), zap.String("swap_id", rec.Id))
+	// The relist that first shows kubelet the new container (R0) reads its
+	// status: the presented hash.
+	r0 := c.now()
+	select {
+	case <-c.engine.WhenInspected(rec.RunningContainerId):
+		r0 = c.now()
+	case <-time.After(kubeletSeesWait):
+		log.Warn("kubelet did not look at the new container in time")
+	case <-c.ctx.Done():
+	}
+	if err := c.waitKubeletSees(pod, rec.Container, rec.RunningContainerId); err != nil {
+		log.Warn("writing the spec image without having seen kubelet's sync of the new container", zap.Error(err))
+	}
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		ctx, cancel := context.WithTimeout(c.ctx, apiTimeout)
+		_, err = c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType,
+			specPatch(pod, rec.Container, image), metav1.PatchOptions{})
+		cancel()
+		if err == nil || c.ctx.Err() != nil {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	if err == nil {
+		c.waitRelistAfter(r0, log)
+	}
+	st := StepStatus{Name: StepSpecPatch}
+	if err != nil {
+		// The container keeps showing kubelet the old spec's hash: the image
+		// stays an override until the spec changes.
+		log.Error("cannot write the swapped image into the pod spec; it stays an override", zap.Error(err))
+		c.cannot(pod, "patch the pod spec image", err)
+		st.Error = fmt.Sprintf("the spec still names the old image, the new one runs as an override: %v", err)
+	} else if err := c.engine.SpecWritten(c.ctx, rec, specHash, imageOnly); err != nil {
+		st.Error = err.Error()
+	} else {
+		log.Info("pod spec image written after the swap", zap.String("image", image))
+	}
+	st.DurationMs = float64(c.now().Sub(start)) / 1e6
+	return st
+}
+
+// waitRelistAfter waits until kubelet's PLEG relist after r0 (R1) has
+// released the sync R0 queued with the old spec, plus relistSettle — or
+// returns at once when that is already past. PLEG relists once a second;
+// other unfiltered lists (housekeeping, garbage collection) come at other
+// times, so R1 is the first one from plegEarly after r0; without one, a
+// second and a quarter after r0 is taken as past it.
+func (c *Controller) waitRelistAfter(r0 time.Time, log *zap.Logger) {
+	deadline := r0.Add(plegLate)
+	for {
+		if r1, ok := c.engine.FirstRelistAfter(r0.Add(plegEarly)); ok {
+			sleepUntil(c.ctx, r1.Add(relistSettle))
+			return
+		}
+		now := c.now()
+		if now.After(deadline) {
+			log.Warn("no kubelet relist seen a second after the one that showed the new container; going on")
+			sleepUntil(c.ctx, r0.Add(plegFallback))
+			return
+		}
+		select {
+		case <-c.engine.NextRelist():
+		case <-time.After(deadline.Sub(now)):
+		case <-c.ctx.Done():
+			return
+		}
+	}
+}
+
+// PLEG relist timing (kubelet's relistPeriod is 1 s, counted from the end
+// of the previous relist).
+const (
+	plegEarly    = 900 * time.Millisecond
+	plegLate     = 1600 * time.Millisecond
+	plegFallback = 1250 * time.Millisecond
+)
+
+func sleepUntil(ctx context.Context, t time.Time) {
+	if d := time.Until(t); d > 0 {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+		}
+	}
+}
+
+// waitKubeletSees waits until kubelet's pod status names the new
+// container: kubelet wrote it from a sync that saw the container, and that
+// sync took the pod spec before it looked.
+func (c *Controller) waitKubeletSees(pod *corev1.Pod, container, id string) error {
+	deadline := c.now().Add(kubeletSeesWait)
+	for {
+		c.mu.Lock()
+		lister := c.lister
+		c.mu.Unlock()
+		if p, err := lister.Pods(pod.Namespace).Get(pod.Name); err == nil && p.UID == pod.UID {
+			for _, s := range p.Status.ContainerStatuses {
+				if s.Name == container && strings.HasSuffix(s.ContainerID, "://"+id) {
+					return nil
+				}
+			}
+		}
+		if c.now().After(deadline) {
+			return fmt.Errorf("kubelet's pod status did not name container %s within %s", id, kubeletSeesWait)
+		}
+		select {
+		case <-c.ctx.Done():
+			return c.ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,339 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	listersv1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/inplaced/inplaced/pkg/swap"
+	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
+)
+
+// secretTimeout bounds reading a pull secret: the pull waits on it, and
+// kubelet's held stop waits on the pull.
+const secretTimeout = 5 * time.Second
+
+// Run watches the pods bound to the node until ctx ends. It returns when
+// the watch cannot be set up at all; an API server that goes away later is
+// logged and the watch resumes when it is back.
+func (c *Controller) Run(ctx context.Context) error {
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	c.mu.Lock()
+	c.ctx = ctx
+	c.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "inplaced", Host: c.node})
+	c.mu.Unlock()
+	factory := informers.NewSharedInformerFactoryWithOptions(c.client, c.resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			// The Node authorizer lets a node list and watch only its pods,
+			// and only with exactly this selector.
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", c.node).String()
+		}))
+	podInformer := factory.Core().V1().Pods()
+	inf := podInformer.Informer()
+	lister := podInformer.Lister()
+	// The node's own object, for affinity drift (a node may watch itself).
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(c.client, c.resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.node).String()
+		}))
+	nodeLister := nodeFactory.Core().V1().Nodes().Lister()
+	nodeFactory.Start(ctx.Done())
+	defer nodeFactory.Shutdown()
+	c.mu.Lock()
+	c.lister, c.nodes = lister, nodeLister
+	c.mu.Unlock()
+	queue := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "inplaced-pods"})
+	defer queue.ShutDown()
+	uids := map[string]types.UID{} // queue key → pod UID, for deletions
+	enqueue := func(obj any) {
+		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+			queue.Add(key)
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    enqueue,
+		UpdateFunc: func(_, obj any) { enqueue(obj) },
+		DeleteFunc: enqueue,
+	}); err != nil {
+		return fmt.Errorf("pod watch: %w", err)
+	}
+	if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+		c.log.Warn("pod watch interrupted (API server unreachable?): CRI calls are unaffected; resuming when it answers", zap.Error(err))
+	}); err != nil {
+		return fmt.Errorf("pod watch: %w", err)
+	}
+	factory.Start(ctx.Done())
+	c.log.Info("Kubernetes mode: watching this node's pods", zap.String("node", c.node))
+	go func() {
+		if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+			c.log.Info("pod watch synced", zap.Int("pods", len(inf.GetStore().ListKeys())))
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		queue.ShutDown()
+	}()
+	for {
+		key, shutdown := queue.Get()
+		if shutdown {
+			factory.Shutdown()
+			c.cancelAll(errDeleted)
+			return nil
+		}
+		if err := c.sync(ctx, lister, key, uids); err != nil {
+			c.log.Warn("pod sync failed; retrying", zap.String("pod", key), zap.Error(err))
+			queue.AddRateLimited(key)
+		} else {
+			queue.Forget(key)
+		}
+		queue.Done(key)
+	}
+}
+
+// sync compares one pod's spec with what runs and starts or ends changes.
+func (c *Controller) sync(ctx context.Context, lister listersv1.PodLister, key string, uids map[string]types.UID) error {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil
+	}
+	pod, err := lister.Pods(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		if uid, ok := uids[key]; ok {
+			delete(uids, key)
+			c.cancelPod(uid, errDeleted)
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if old, ok := uids[key]; ok && old != pod.UID {
+		c.cancelPod(old, errDeleted) // same name, new pod
+	}
+	uids[key] = pod.UID
+	c.log.Debug("pod synced", zap.String("pod", key), zap.String("resource_version", pod.ResourceVersion))
+	if pod.DeletionTimestamp != nil || pod.Spec.NodeName != c.node {
+		c.cancelPod(pod.UID, errDeleted)
+		return nil
+	}
+	resp, err := c.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
+		State:         &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING},
+		LabelSelector: map[string]string{swap.LabelPodUID: string(pod.UID)},
+	}})
+	if err != nil {
+		return fmt.Errorf("list the pod's containers: %w", err)
+	}
+	running := newestByName(resp.Containers)
+	for i := range pod.Spec.Containers {
+		c.syncContainer(pod, &pod.Spec.Containers[i], running[pod.Spec.Containers[i].Name])
+	}
+	c.syncRequest(pod)
+	c.syncEnvFromMetadata(pod, running)
+	return nil
+}
+
+// newestByName: kubelet follows the newest container of a name.
+func newestByName(cs []*runtimeapi.Container) map[string]*runtimeapi.Container {
+	sort.Slice(cs, func(i, j int) bool { return cs[i].CreatedAt > cs[j].CreatedAt })
+	out := map[string]*runtimeapi.Container{}
+	for _, ct := range cs {
+		n := ct.Labels[swap.LabelContainerName]
+		if _, ok := out[n]; !ok && n != "" {
+			out[n] = ct
+		}
+	}
+	return out
+}
+
+func (c *Controller) syncContainer(pod *corev1.Pod, sc *corev1.Container, running *runtimeapi.Container) {
+	key := containerKey{uid: pod.UID, name: sc.Name}
+	hash := ContainerHash(sc.Name, sc.Image)
+	c.mu.Lock()
+	ch := c.changes[key]
+	if ch != nil && ch.proceed {
+		c.mu.Unlock()
+		return // kubelet's stop is carrying it out
+	}
+	switch {
+	case running == nil:
+		c.mu.Unlock()
+		if ch != nil {
+			c.cancelChange(ch, fmt.Errorf("container %s no longer runs", sc.Name))
+		}
+		return
+	case c.declares(running.Id, running.Annotations, hash):
+		c.mu.Unlock()
+		if ch != nil && ch.oldID != running.Id {
+			c.log.Info("kubelet replaced the container itself: change dropped",
+				zap.String("pod", pod.Namespace+"/"+pod.Name), zap.String("container", sc.Name), zap.String("image", sc.Image))
+			c.cancelChange(ch, fmt.Errorf("kubelet replaced container %s itself", ch.oldID))
+		} else if ch != nil {
+			c.log.Info("pod spec went back to the running image: change dropped, nothing restarted",
+				zap.String("pod", pod.Namespace+"/"+pod.Name), zap.String("container", sc.Name), zap.String("image", sc.Image))
+			c.cancelChange(ch, errReverted)
+		}
+		return
+	case ch != nil && ch.image == sc.Image && ch.oldID == running.Id:
+		c.mu.Unlock()
+		return // already pulling (or pulled)
+	}
+	next := c.newChange(pod, sc, running.Id)
+	// Registered before anything slow, so that kubelet's StopContainer,
+	// which follows the same spec change within milliseconds, finds it.
+	c.changes[key] = next
+	c.mu.Unlock()
+	if ch != nil {
+		ch.cancel(fmt.Errorf("superseded by image %s", sc.Image))
+	}
+	go c.prepare(next)
+}
+
+func (c *Controller) newChange(pod *corev1.Pod, sc *corev1.Container, oldID string) *change {
+	var secrets []string
+	for _, s := range pod.Spec.ImagePullSecrets {
+		if s.Name != "" {
+			secrets = append(secrets, s.Name)
+		}
+	}
+	return &change{key: containerKey{uid: pod.UID, name: sc.Name}, namespace: pod.Namespace, pod: pod.Name,
+		image: sc.Image, hash: ContainerHash(sc.Name, sc.Image), oldID: oldID, pullSecrets: secrets,
+		detectedAt: c.now(), ready: make(chan struct{}), gone: make(chan struct{})}
+}
+
+// detect is the stop's own look at the pod watch's cache, for a stop that
+// came before the watch's worker got to the change: kubelet and inplaced
+// see the same spec change at about the same time. It reads only local
+// state (the informer cache, the store, the backend).
+func (c *Controller) detect(ctx context.Context, containerID string) *change {
+	c.mu.Lock()
+	lister := c.lister
+	c.mu.Unlock()
+	if lister == nil {
+		return nil
+	}
+	labels, annotations := c.containerMeta(ctx, containerID)
+	ns, podName, name := labels[swap.LabelPodNamespace], labels[swap.LabelPodName], labels[swap.LabelContainerName]
+	if ns == "" || podName == "" || name == "" {
+		return nil
+	}
+	pod, err := lister.Pods(ns).Get(podName)
+	if err != nil || string(pod.UID) != labels[swap.LabelPodUID] || pod.DeletionTimestamp != nil || pod.Spec.NodeName != c.node {
+		return nil
+	}
+	var sc *corev1.Container
+	for i := range pod.Spec.Containers {
+		if pod.Spec.Containers[i].Name == name {
+			sc = &pod.Spec.Containers[i]
+		}
+	}
+	if sc == nil || c.kubeletHash(containerID, annotations) == "" || c.declares(containerID, annotations, ContainerHash(sc.Name, sc.Image)) {
+		return nil // the spec still declares what runs: a liveness kill, an eviction...
+	}
+	next := c.newChange(pod, sc, containerID)
+	c.mu.Lock()
+	if ch := c.changes[next.key]; ch != nil {
+		c.mu.Unlock()
+		if ch.oldID == containerID && ch.image == next.image && !ch.proceed {
+			return ch // the worker was just as quick
+		}
+		return nil
+	}
+	c.changes[next.key] = next
+	c.mu.Unlock()
+	go c.prepare(next)
+	return next
+}
+
+// kubeletHash is the container hash kubelet sees for a container: its own
+// annotation, unless a spec write after an annotation swap is pending.
+func (c *Controller) kubeletHash(id string, annotations map[string]string) string {
+	if h, ok := c.engine.PresentedHash(id); ok {
+		return h
+	}
+	return annotations[swap.AnnotationHash]
+}
+
+// declares reports whether a spec with hash specHash declares what the
+// container runs: the hash kubelet is shown for it, or — while the spec
+// write after an annotation swap is being handed over — its own.
+func (c *Controller) declares(id string, annotations map[string]string, specHash string) bool {
+	return specHash == c.kubeletHash(id, annotations) || specHash == annotations[swap.AnnotationHash]
+}
+
+// containerMeta is a container's labels and annotations: from the record
+// of kubelet's create, else from the backend.
+func (c *Controller) containerMeta(ctx context.Context, id string) (labels, annotations map[string]string) {
+	if req, err := c.store.Container(id); err == nil && req.GetConfig() != nil {
+		return req.Config.Labels, req.Config.Annotations
+	}
+	st, err := c.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+	if err != nil {
+		return nil, nil
+	}
+	return st.GetStatus().GetLabels(), st.GetStatus().GetAnnotations()
+}
+
+// pullAuths reads the pod's pull secrets (a node may read the secrets its
+// pods reference) and returns the credentials that apply to the image.
+func (c *Controller) pullAuths(ch *change) []*inplacedv1.RegistryAuth {
+	var secrets []*corev1.Secret
+	for _, name := range ch.pullSecrets {
+		ctx, cancel := context.WithTimeout(c.ctx, secretTimeout)
+		s, err := c.client.CoreV1().Secrets(ch.namespace).Get(ctx, name, metav1.GetOptions{})
+		cancel()
+		if err != nil {
+			c.log.Warn("cannot read pull secret; pulling without it", zap.String("secret", ch.namespace+"/"+name), zap.Error(err))
+			continue
+		}
+		secrets = append(secrets, s)
+	}
+	auths, errs := AuthsFor(ch.image, secrets)
+	for _, err := range errs {
+		c.log.Warn("pull secret unusable", zap.Error(err))
+	}
+	return auths
+}
+
+func (c *Controller) cancelPod(uid types.UID, why error) {
+	c.mu.Lock()
+	var drop []*change
+	for k, ch := range c.changes {
+		if k.uid == uid && !ch.proceed {
+			drop = append(drop, ch)
+			delete(c.changes, k)
+		}
+	}
+	c.mu.Unlock()
+	for _, ch := range drop {
+		ch.cancel(why)
+	}
+}
+
+func (c *Controller) cancelAll(why error) {
+	c.mu.Lock()
+	all := c.changes
+	c.changes = map[containerKey]*change{}
+	c.mu.Unlock()
+	for _, ch := range all {
+		ch.cancel(why)
+	}
+}

@@ -1,0 +1,1232 @@
+package relay
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+)
+
+// The HTTP/2 router: the caller-facing side of the relay.
+//
+// grpc-go's server and client around every relayed call cost several times
+// what the extra process itself costs (docs/architecture.md, "What a hop
+// costs"). So the caller's connection is served here at the HTTP/2 frame
+// level: each new stream's :path is read from its HEADERS, and
+//
+//   - a stream nothing intercepts has its frames forwarded to a backend
+//     HTTP/2 connection (containerd's socket, or the image endpoint's), with
+//     the headers re-encoded for that connection and stream IDs and flow
+//     control kept per connection: the messages are neither parsed nor
+//     copied into messages, and no goroutine is handed the call;
+//   - a stream an interceptor, a gate that is open, a stream filter or debug
+//     logging wants goes the same way to an in-process grpc.Server that runs
+//     the relay's gRPC handler (Relay.handle), which decodes, intercepts and
+//     calls the backend through grpc-go as before.
+//
+// Each caller connection gets its own backend connections, opened on its
+// first stream for them, as the byte relays of the floor do. Everything a
+// session touches is guarded by its one mutex; its readers (one per
+// connection) take it per frame and flush what the frame made them write
+// once their input buffer is empty, so that frames that arrive together
+// leave together.
+const (
+	// frameSize is the largest frame either side is allowed to send us (the
+	// HTTP/2 default). Every frame read fits any peer, so frames are
+	// forwarded as they came.
+	frameSize = 16384
+	// maxHeaderList bounds a decoded header list, grpc-go's server default.
+	maxHeaderList = 16 << 20
+	// maxStreams bounds a caller connection's concurrent streams.
+	maxStreams = 1000
+	// ioTimeout bounds a write to a peer that does not read, and the
+	// caller's connection preface.
+	ioTimeout = 30 * time.Second
+)
+
+// Observer is told about every relayed call when it ends: its method, the
+// gRPC status code it ended with (the backend's, or the relay's own) and how
+// long it took. It runs with the relay's session lock held: it must not
+// block (count, observe a histogram). Without one, nothing is timed.
+type Observer func(method string, code codes.Code, elapsed time.Duration)
+
+// WithObserver installs an observer for every relayed call.
+func WithObserver(o Observer) Option { return func(r *Relay) { r.observe = o } }
+
+// intercepted says whether a new stream of method must go through the gRPC
+// handler rather than straight to the backend.
+func (r *Relay) intercepted(method string) bool {
+	if r.debug {
+		return true // the debug log decodes the IDs of every call
+	}
+	if _, ok := r.filters[method]; ok {
+		return true
+	}
+	return len(r.table[method]) > 0 && !r.gatedOff(method)
+}
+
+// Server serves the relay on listeners: the caller-facing side of inplaced.
+type Server struct {
+	r      *Relay
+	inner  *grpc.Server  // Relay.handle, for intercepted streams
+	innerL *connListener // in-process connections to inner
+
+	mu        sync.Mutex
+	listeners map[net.Listener]bool
+	sessions  map[*session]bool
+	stopping  bool
+	wg        sync.WaitGroup // sessions
+	done      chan struct{}  // closed by Stop and GracefulStop
+}
+
+// NewServer returns a server for r. Serve it on a listener; stop it with
+// GracefulStop (after Drain) or Stop.
+func (r *Relay) NewServer() *Server {
+	s := &Server{r: r, inner: grpc.NewServer(r.ServerOptions()...), innerL: newConnListener(),
+		listeners: map[net.Listener]bool{}, sessions: map[*session]bool{}, done: make(chan struct{})}
+	go func() { _ = s.inner.Serve(s.innerL) }() // returns when inner stops
+	go func() {
+		select {
+		case <-r.drain:
+			s.drainStreams()
+		case <-s.done:
+		}
+	}()
+	return s
+}
+
+// Serve accepts caller connections on lis until the server stops. It
+// returns grpc.ErrServerStopped when it was stopped before it began, nil
+// when stopped while serving, and the listener's error otherwise.
+func (s *Server) Serve(lis net.Listener) error {
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		lis.Close()
+		return grpc.ErrServerStopped
+	}
+	s.listeners[lis] = true
+	s.mu.Unlock()
+	for {
+		c, err := lis.Accept()
+		if err != nil {
+			s.mu.Lock()
+			stopping := s.stopping
+			delete(s.listeners, lis)
+			s.mu.Unlock()
+			if stopping {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			return err
+		}
+		s.mu.Lock()
+		if s.stopping {
+			s.mu.Unlock()
+			c.Close()
+			continue
+		}
+		sess := newSession(s, c)
+		s.sessions[sess] = true
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go sess.serve()
+	}
+}
+
+func (s *Server) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.stopping {
+		s.stopping = true
+		close(s.done)
+	}
+	for l := range s.listeners {
+		l.Close()
+	}
+}
+
+// GracefulStop stops accepting, tells every caller to open no new stream
+// (GOAWAY) and returns when their streams have ended.
+func (s *Server) GracefulStop() {
+	s.stop()
+	s.mu.Lock()
+	for sess := range s.sessions {
+		sess.goAway()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	s.inner.GracefulStop()
+	s.innerL.Close()
+}
+
+// Stop closes every connection at once.
+func (s *Server) Stop() {
+	s.stop()
+	s.mu.Lock()
+	for sess := range s.sessions {
+		sess.closeAsync()
+	}
+	s.mu.Unlock()
+	s.inner.Stop()
+	s.innerL.Close()
+	s.wg.Wait()
+}
+
+// drainStreams ends the streaming calls that pass through (those of the
+// gRPC handler end by themselves, Relay.handleStream): Unavailable, as
+// before.
+func (s *Server) drainStreams() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for sess := range s.sessions {
+		sess.mu.Lock()
+		for _, st := range sess.streams {
+			if !st.unary && st.up != nil && st.up.kind != upInner {
+				sess.failStream(st, codes.Unavailable, "inplaced is shutting down")
+			}
+		}
+		sess.flush()
+		sess.mu.Unlock()
+	}
+}
+
+func (s *Server) sessionDone(sess *session) {
+	s.mu.Lock()
+	delete(s.sessions, sess)
+	s.mu.Unlock()
+	s.wg.Done()
+}
+
+// Upstream kinds: where a stream goes.
+const (
+	upRuntime = iota
+	upImage
+	upInner
+	upKinds
+	down = -1 // the caller's connection
+)
+
+// Sides of a stream.
+const (
+	sideDown = 0 // the caller
+	sideUp   = 1 // the backend or the gRPC handler
+)
+
+// peer is one HTTP/2 connection of a session: the caller's, or one it
+// opened to a backend or to the gRPC handler.
+type peer struct {
+	kind int
+	conn net.Conn
+	br   *bufio.Reader
+	bw   *bufio.Writer
+	fr   *http2.Framer
+	enc  *hpack.Encoder
+	eb   bytes.Buffer
+
+	sendConn   int64  // connection window the peer granted us
+	initWindow int64  // the peer's SETTINGS_INITIAL_WINDOW_SIZE
+	maxFrame   int    // the peer's SETTINGS_MAX_FRAME_SIZE
+	recvConn   int64  // connection window we granted the peer, left
+	unacked    int64  // bytes of it consumed and not yet granted again
+	nextID     uint32 // upstream: the next stream ID we open
+	streams    map[uint32]*stream
+	goaway     bool // upstream: it sent GOAWAY; no new streams on it
+	dead       bool
+	dirty      bool
+}
+
+// stream is one call: the caller's stream and the stream it was given on an
+// upstream connection.
+type stream struct {
+	method  string
+	unary   bool
+	start   time.Time
+	up      *peer
+	ids     [2]uint32
+	win     [2]int64  // send window that side granted for the stream
+	q       [2][]item // frames waiting for that side's window, in order
+	sentEnd [2]bool   // END_STREAM written to that side
+	gotEnd  [2]bool   // END_STREAM received from that side
+	recv    [2]int64  // receive window we granted that side, left
+	unacked [2]int64
+	msgs    [2]msgScanner // gRPC message lengths from that side
+	resp    bool          // response headers sent to the caller
+	rstDown bool          // the backend reset the stream with NO_ERROR: pass it on after q[sideDown]
+	code    codes.Code
+	removed bool
+}
+
+// item is a frame waiting for a window: data (credited back to the
+// sending side when written) or a header block, with END_STREAM or not.
+type item struct {
+	data    []byte
+	headers []hpack.HeaderField
+	end     bool
+}
+
+type session struct {
+	srv *Server
+	r   *Relay
+
+	mu        sync.Mutex
+	down      *peer
+	ups       [upKinds]*peer
+	streams   map[uint32]*stream // by the caller's stream ID
+	lastID    uint32             // the caller's highest stream ID
+	goingAway bool
+	started   bool // our SETTINGS went out: GOAWAY may follow
+	closed    bool
+	readers   sync.WaitGroup
+}
+
+func newSession(srv *Server, c net.Conn) *session {
+	s := &session{srv: srv, r: srv.r, streams: map[uint32]*stream{}}
+	s.down = newPeer(down, c)
+	return s
+}
+
+func newPeer(kind int, c net.Conn) *peer {
+	p := &peer{kind: kind, conn: c, br: bufio.NewReaderSize(c, 32<<10), bw: bufio.NewWriterSize(c, 32<<10),
+		sendConn: 65535, initWindow: 65535, maxFrame: frameSize, recvConn: connWindow, nextID: 1, streams: map[uint32]*stream{}}
+	p.fr = http2.NewFramer(p.bw, p.br)
+	p.fr.SetMaxReadFrameSize(frameSize)
+	p.fr.MaxHeaderListSize = maxHeaderList
+	p.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	p.enc = hpack.NewEncoder(&p.eb)
+	return p
+}
+
+// serve runs the caller's connection: preface, settings, then its frames.
+func (s *session) serve() {
+	defer s.srv.sessionDone(s)
+	p := s.down
+	_ = p.conn.SetReadDeadline(time.Now().Add(ioTimeout))
+	var preface [len(http2.ClientPreface)]byte
+	if _, err := io.ReadFull(p.br, preface[:]); err != nil || string(preface[:]) != http2.ClientPreface {
+		p.conn.Close()
+		return
+	}
+	_ = p.conn.SetReadDeadline(time.Time{})
+	s.mu.Lock()
+	_ = p.fr.WriteSettings(
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
+		http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: maxStreams},
+		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderList},
+	)
+	_ = p.fr.WriteWindowUpdate(0, connWindow-65535)
+	p.dirty = true
+	s.started = true
+	s.flush()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed { // stopped while the preface came
+		return
+	}
+	s.readers.Add(1)
+	s.read(p)
+	s.readers.Wait()
+}
+
+// read handles p's frames until p fails or the session closes.
+func (s *session) read(p *peer) {
+	defer s.readers.Done()
+	for {
+		f, err := p.fr.ReadFrame()
+		s.mu.Lock()
+		if s.closed || p.dead {
+			s.mu.Unlock()
+			return
+		}
+		if err == nil {
+			err = s.handle(p, f)
+		}
+		if err != nil {
+			s.fail(p, err)
+			s.flush()
+			s.mu.Unlock()
+			return
+		}
+		if p.br.Buffered() == 0 {
+			s.flush()
+		}
+		s.mu.Unlock()
+	}
+}
+
+// connErr is a connection error of ours: the peer broke the protocol.
+type connErr struct {
+	code http2.ErrCode
+	why  string
+}
+
+func (e connErr) Error() string { return fmt.Sprintf("http2 %v: %s", e.code, e.why) }
+
+func protoErr(format string, args ...any) error {
+	return connErr{http2.ErrCodeProtocol, fmt.Sprintf(format, args...)}
+}
+
+// errCode is the GOAWAY code for err, and whether the peer broke the
+// protocol (rather than going away).
+func errCode(err error) (http2.ErrCode, bool) {
+	var ce connErr
+	var hce http2.ConnectionError
+	var hse http2.StreamError
+	switch {
+	case errors.As(err, &ce):
+		return ce.code, true
+	case errors.As(err, &hce):
+		return http2.ErrCode(hce), true
+	case errors.As(err, &hse):
+		return hse.Code, true
+	case errors.Is(err, http2.ErrFrameTooLarge):
+		return http2.ErrCodeFrameSize, true
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, os.ErrDeadlineExceeded):
+		return http2.ErrCodeNo, false
+	}
+	var ne *net.OpError
+	if errors.As(err, &ne) {
+		return http2.ErrCodeNo, false
+	}
+	return http2.ErrCodeProtocol, true
+}
+
+// fail ends what depends on p after err: the whole session when p is the
+// caller's connection, p's streams when it is an upstream one.
+func (s *session) fail(p *peer, err error) {
+	code, proto := errCode(err)
+	if proto && !p.dead {
+		last := s.lastID
+		if p.kind != down {
+			last = 0 // we never open streams towards an upstream peer's side
+		}
+		_ = p.fr.WriteGoAway(last, code, nil)
+		_ = p.bw.Flush()
+	}
+	if p.kind == down {
+		s.r.log.Debug("caller connection closed", zap.Error(err))
+		s.closeLocked()
+		return
+	}
+	s.r.log.Debug("backend connection closed", zap.Error(err))
+	s.upFailed(p, fmt.Sprintf("backend connection closed: %v", err))
+}
+
+// upFailed ends p's streams with Unavailable, as grpc-go's client does when
+// its connection breaks, and forgets p.
+func (s *session) upFailed(p *peer, msg string) {
+	p.dead = true
+	p.conn.Close()
+	for _, st := range p.streams {
+		s.failStream(st, codes.Unavailable, msg)
+	}
+	if s.ups[p.kind] == p {
+		s.ups[p.kind] = nil
+	}
+}
+
+func (s *session) closeAsync() {
+	s.mu.Lock()
+	s.closeLocked()
+	s.mu.Unlock()
+}
+
+func (s *session) closeLocked() {
+	if s.closed {
+		return
+	}
+	s.closed = true
+	s.down.dead = true
+	s.down.conn.Close()
+	for _, p := range s.ups {
+		if p != nil {
+			p.dead = true
+			p.conn.Close()
+		}
+	}
+	for _, st := range s.streams {
+		if st.up != nil && !st.up.dead {
+			st.up.dead = true
+			st.up.conn.Close()
+		}
+		s.remove(st, codes.Canceled)
+	}
+}
+
+// goAway is GracefulStop's: no new streams; the session ends with its
+// last stream.
+func (s *session) goAway() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.goAwayLocked()
+	s.flush()
+}
+
+func (s *session) goAwayLocked() {
+	if s.goingAway {
+		return
+	}
+	s.goingAway = true
+	if !s.started {
+		s.closeLocked() // nothing was said on the connection yet
+		return
+	}
+	if !s.closed {
+		_ = s.down.fr.WriteGoAway(s.lastID, http2.ErrCodeNo, nil)
+		s.down.dirty = true
+		if len(s.streams) == 0 {
+			_ = s.down.bw.Flush()
+			s.closeLocked()
+		}
+	}
+}
+
+// flush writes out what the session's peers have buffered.
+func (s *session) flush() {
+	flush := func(p *peer) {
+		if p == nil || !p.dirty || p.dead {
+			return
+		}
+		p.dirty = false
+		_ = p.conn.SetWriteDeadline(time.Now().Add(ioTimeout))
+		if err := p.bw.Flush(); err != nil {
+			if p.kind == down {
+				s.closeLocked()
+			} else {
+				s.upFailed(p, fmt.Sprintf("write to backend: %v", err))
+			}
+		}
+	}
+	flush(s.down)
+	for _, p := range s.ups {
+		flush(p)
+	}
+	// Upstream connections a GOAWAY retired still carry their last streams.
+	for _, st := range s.streams {
+		if st.up != nil && st.up.dirty {
+			flush(st.up)
+		}
+	}
+}
+
+// handle is one frame from p.
+func (s *session) handle(p *peer, f http2.Frame) error {
+	switch f := f.(type) {
+	case *http2.MetaHeadersFrame:
+		if f.Truncated {
+			return connErr{http2.ErrCodeProtocol, "header list too large"}
+		}
+		if p.kind == down {
+			return s.callerHeaders(f)
+		}
+		st := p.streams[f.StreamID]
+		if st == nil {
+			return nil // reset or failed meanwhile
+		}
+		if st.gotEnd[sideUp] {
+			return protoErr("HEADERS after END_STREAM on stream %d", f.StreamID)
+		}
+		if f.StreamEnded() {
+			st.gotEnd[sideUp] = true
+			st.code = statusOf(f.Fields)
+		}
+		st.resp = true
+		s.send(st, sideUp, item{headers: f.Fields, end: f.StreamEnded()})
+	case *http2.DataFrame:
+		return s.data(p, f)
+	case *http2.RSTStreamFrame:
+		s.reset(p, f)
+	case *http2.SettingsFrame:
+		if f.IsAck() {
+			return nil
+		}
+		if err := s.settings(p, f); err != nil {
+			return err
+		}
+		_ = p.fr.WriteSettingsAck()
+		p.dirty = true
+	case *http2.WindowUpdateFrame:
+		return s.windowUpdate(p, f)
+	case *http2.PingFrame:
+		if !f.IsAck() {
+			_ = p.fr.WritePing(true, f.Data)
+			p.dirty = true
+		}
+	case *http2.GoAwayFrame:
+		if p.kind == down {
+			return nil // the caller opens no more streams; those open go on
+		}
+		p.goaway = true
+		if s.ups[p.kind] == p {
+			s.ups[p.kind] = nil
+		}
+		for id, st := range p.streams {
+			if id > f.LastStreamID { // never processed: the caller may retry it
+				s.resetBoth(st, http2.ErrCodeRefusedStream, codes.Unavailable)
+			}
+		}
+		s.retire(p)
+	case *http2.PushPromiseFrame:
+		return protoErr("PUSH_PROMISE") // disabled on upstream connections, illegal from a client
+	case *http2.PriorityFrame, *http2.UnknownFrame:
+	}
+	return nil
+}
+
+// callerHeaders opens a stream or carries the caller's trailers.
+func (s *session) callerHeaders(f *http2.MetaHeadersFrame) error {
+	id := f.StreamID
+	if st := s.streams[id]; st != nil {
+		if st.gotEnd[sideDown] {
+			return connErr{http2.ErrCodeStreamClosed, fmt.Sprintf("HEADERS after END_STREAM on stream %d", id)}
+		}
+		st.gotEnd[sideDown] = f.StreamEnded()
+		s.send(st, sideDown, item{headers: f.Fields, end: f.StreamEnded()})
+		return nil
+	}
+	if id%2 == 0 || id <= s.lastID {
+		// A closed stream, or one skipped (closed by then): grpc-go's server
+		// ends the connection too.
+		return protoErr("HEADERS opening stream %d after %d", id, s.lastID)
+	}
+	s.lastID = id
+	if s.goingAway || len(s.streams) >= maxStreams {
+		_ = s.down.fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
+		s.down.dirty = true
+		return nil
+	}
+	method := f.PseudoValue("path")
+	st := &stream{method: method, unary: s.r.unary[method], code: codes.Unknown}
+	st.ids[sideDown] = id
+	st.win[sideDown] = s.down.initWindow
+	st.recv = [2]int64{streamWindow, streamWindow}
+	st.gotEnd[sideDown] = f.StreamEnded()
+	if s.r.observe != nil {
+		st.start = time.Now()
+	}
+	s.streams[id] = st
+	kind := upRuntime
+	switch {
+	case s.r.intercepted(method):
+		kind = upInner
+	case strings.HasPrefix(method, imageServicePrefix):
+		kind = upImage
+	}
+	up, err := s.upstream(kind)
+	if err != nil {
+		s.failStream(st, codes.Unavailable, err.Error())
+		return nil
+	}
+	st.up = up
+	st.ids[sideUp] = up.nextID
+	up.nextID += 2
+	if up.nextID >= 1<<31-1 {
+		up.goaway = true // stream IDs used up: the next stream opens a new connection
+		s.ups[kind] = nil
+	}
+	st.win[sideUp] = up.initWindow
+	up.streams[st.ids[sideUp]] = st
+	s.send(st, sideDown, item{headers: f.Fields, end: f.StreamEnded()})
+	return nil
+}
+
+// upstream returns the session's connection of kind, opening it if needed.
+func (s *session) upstream(kind int) (*peer, error) {
+	if p := s.ups[kind]; p != nil && !p.dead && !p.goaway {
+		return p, nil
+	}
+	var c net.Conn
+	var err error
+	switch kind {
+	case upInner:
+		c, err = s.srv.innerL.dial()
+	case upImage:
+		c, err = dialBackend(s.r.image)
+	default:
+		c, err = dialBackend(s.r.runtime)
+	}
+	if err != nil {
+		return nil, err
+	}
+	p := newPeer(kind, c)
+	if _, err := p.bw.WriteString(http2.ClientPreface); err != nil {
+		c.Close()
+		return nil, err
+	}
+	_ = p.fr.WriteSettings(
+		http2.Setting{ID: http2.SettingEnablePush, Val: 0},
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
+		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderList},
+	)
+	_ = p.fr.WriteWindowUpdate(0, connWindow-65535)
+	p.dirty = true
+	s.ups[kind] = p
+	s.readers.Add(1)
+	go s.read(p)
+	return p, nil
+}
+
+// dialBackend connects to the unix socket behind a backend client.
+func dialBackend(cc *grpc.ClientConn) (net.Conn, error) {
+	path := strings.TrimPrefix(cc.Target(), "unix://")
+	c, err := net.DialTimeout("unix", path, 2*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("connection error: desc = \"transport: Error while dialing: %v\"", err)
+	}
+	return c, nil
+}
+
+// data is a DATA frame from p: flow control, message limits, forwarding.
+func (s *session) data(p *peer, f *http2.DataFrame) error {
+	n := int64(f.Header().Length)
+	if n > p.recvConn {
+		return connErr{http2.ErrCodeFlowControl, "DATA beyond the connection window"}
+	}
+	p.recvConn -= n
+	from := sideUp
+	var st *stream
+	if p.kind == down {
+		from = sideDown
+		st = s.streams[f.StreamID]
+		if st == nil && f.StreamID > s.lastID {
+			return protoErr("DATA on idle stream %d", f.StreamID)
+		}
+	} else {
+		st = p.streams[f.StreamID]
+	}
+	if st == nil {
+		s.creditConn(p, n) // a stream reset meanwhile: its bytes free the window at once
+		return nil
+	}
+	if st.gotEnd[from] {
+		return connErr{http2.ErrCodeStreamClosed, fmt.Sprintf("DATA after END_STREAM on stream %d", f.StreamID)}
+	}
+	if n > st.recv[from] {
+		return connErr{http2.ErrCodeFlowControl, fmt.Sprintf("DATA beyond the window of stream %d", f.StreamID)}
+	}
+	st.recv[from] -= n
+	d := f.Data()
+	if pad := n - int64(len(d)); pad > 0 {
+		s.credit(st, from, pad)
+	}
+	if f.StreamEnded() {
+		st.gotEnd[from] = true
+	}
+	if size, over := st.msgs[from].feed(d); over {
+		s.creditConn(p, int64(len(d)))
+		s.failStream(st, codes.ResourceExhausted, fmt.Sprintf("grpc: received message larger than max (%d vs. %d)", size, MaxMsgSize))
+		return nil
+	}
+	s.send(st, from, item{data: d, end: f.StreamEnded()})
+	return nil
+}
+
+// send forwards it, received from side from, to the other side, after what
+// already waits there.
+func (s *session) send(st *stream, from int, it item) {
+	to := 1 - from
+	if st.removed || st.sentEnd[to] {
+		s.creditConn(s.peerOf(st, from), int64(len(it.data)))
+		return
+	}
+	if len(st.q[to]) == 0 && s.deliver(st, to, &it) {
+		s.maybeDone(st)
+		return
+	}
+	it.data = bytes.Clone(it.data) // the framer reuses its buffer
+	st.q[to] = append(st.q[to], it)
+}
+
+func (s *session) peerOf(st *stream, side int) *peer {
+	if side == sideDown {
+		return s.down
+	}
+	return st.up
+}
+
+// deliver writes as much of it to side to as the windows allow and says
+// whether all of it went.
+func (s *session) deliver(st *stream, to int, it *item) bool {
+	p := s.peerOf(st, to)
+	if p == nil || p.dead {
+		return true // nowhere to go: the stream is failing
+	}
+	id := st.ids[to]
+	if it.headers != nil {
+		p.writeHeaders(id, it.headers, it.end)
+		st.sentEnd[to] = it.end
+		return true
+	}
+	for {
+		n := min(int64(len(it.data)), st.win[to], p.sendConn, int64(p.maxFrame))
+		if len(it.data) > 0 && n <= 0 {
+			return false
+		}
+		end := it.end && n == int64(len(it.data))
+		_ = p.fr.WriteData(id, end, it.data[:n])
+		p.dirty = true
+		st.win[to] -= n
+		p.sendConn -= n
+		it.data = it.data[n:]
+		if n > 0 {
+			s.credit(st, 1-to, n)
+		}
+		if end {
+			st.sentEnd[to] = true
+		}
+		if len(it.data) == 0 {
+			return true
+		}
+	}
+}
+
+// flushQueue writes what waits for side to, as far as its windows allow.
+func (s *session) flushQueue(st *stream, to int) {
+	for len(st.q[to]) > 0 && !st.removed {
+		if !s.deliver(st, to, &st.q[to][0]) {
+			return
+		}
+		st.q[to][0] = item{}
+		st.q[to] = st.q[to][1:]
+	}
+	st.q[to] = nil
+	if to == sideDown && st.rstDown && !st.removed {
+		_ = s.down.fr.WriteRSTStream(st.ids[sideDown], http2.ErrCodeNo)
+		s.down.dirty = true
+		s.remove(st, st.code)
+		return
+	}
+	s.maybeDone(st)
+}
+
+// flushPeer retries what waits for p's windows.
+func (s *session) flushPeer(p *peer) {
+	if p.kind == down {
+		for _, st := range s.streams {
+			if len(st.q[sideDown]) > 0 {
+				s.flushQueue(st, sideDown)
+			}
+		}
+		return
+	}
+	for _, st := range p.streams {
+		if len(st.q[sideUp]) > 0 {
+			s.flushQueue(st, sideUp)
+		}
+	}
+}
+
+// credit gives n bytes received from side from back to its sender, once a
+// quarter of a window has been consumed (as grpc-go does).
+func (s *session) credit(st *stream, from int, n int64) {
+	s.creditConn(s.peerOf(st, from), n)
+	if st.removed || st.gotEnd[from] {
+		return
+	}
+	st.unacked[from] += n
+	if st.unacked[from] >= streamWindow/4 {
+		p := s.peerOf(st, from)
+		if p != nil && !p.dead {
+			_ = p.fr.WriteWindowUpdate(st.ids[from], uint32(st.unacked[from]))
+			p.dirty = true
+		}
+		st.recv[from] += st.unacked[from]
+		st.unacked[from] = 0
+	}
+}
+
+func (s *session) creditConn(p *peer, n int64) {
+	if p == nil || n <= 0 {
+		return
+	}
+	p.unacked += n
+	if p.unacked >= connWindow/4 {
+		if !p.dead {
+			_ = p.fr.WriteWindowUpdate(0, uint32(p.unacked))
+			p.dirty = true
+		}
+		p.recvConn += p.unacked
+		p.unacked = 0
+	}
+}
+
+// maybeDone forgets a stream both sides have ended.
+func (s *session) maybeDone(st *stream) {
+	if !st.removed && st.sentEnd[sideDown] && st.sentEnd[sideUp] && len(st.q[0]) == 0 && len(st.q[1]) == 0 {
+		s.remove(st, st.code)
+	}
+}
+
+// remove forgets st; bytes still waiting in its queues free their
+// connections' windows.
+func (s *session) remove(st *stream, code codes.Code) {
+	if st.removed {
+		return
+	}
+	st.removed = true
+	delete(s.streams, st.ids[sideDown])
+	for to := range 2 {
+		for _, it := range st.q[to] {
+			s.creditConn(s.peerOf(st, 1-to), int64(len(it.data)))
+		}
+		st.q[to] = nil
+	}
+	if st.up != nil {
+		delete(st.up.streams, st.ids[sideUp])
+		s.retire(st.up)
+	}
+	if s.r.observe != nil {
+		s.r.observe(st.method, code, time.Since(st.start))
+	}
+	if s.goingAway && len(s.streams) == 0 && !s.closed {
+		s.flush()
+		s.closeLocked()
+	}
+}
+
+// retire closes an upstream connection no new stream will use once its
+// last stream is gone.
+func (s *session) retire(p *peer) {
+	if (p.goaway || p.dead) && len(p.streams) == 0 && s.ups[p.kind] != p {
+		if !p.dead {
+			_ = p.bw.Flush()
+		}
+		p.dead = true
+		p.conn.Close()
+	}
+}
+
+// reset is an RST_STREAM from p: passed on to the other side.
+func (s *session) reset(p *peer, f *http2.RSTStreamFrame) {
+	if p.kind == down {
+		st := s.streams[f.StreamID]
+		if st == nil {
+			return
+		}
+		if st.up != nil && !st.up.dead && !(st.sentEnd[sideUp] && st.gotEnd[sideUp]) {
+			_ = st.up.fr.WriteRSTStream(st.ids[sideUp], f.ErrCode)
+			st.up.dirty = true
+		}
+		s.remove(st, codes.Canceled)
+		return
+	}
+	st := p.streams[f.StreamID]
+	if st == nil {
+		return
+	}
+	code := st.code
+	if !st.gotEnd[sideUp] {
+		code = rstCode(f.ErrCode)
+	}
+	if f.ErrCode == http2.ErrCodeNo && len(st.q[sideDown]) > 0 {
+		// Trailers followed by RST_STREAM(NO_ERROR): the trailers go first.
+		st.rstDown = true
+		st.code = code
+		delete(p.streams, f.StreamID)
+		st.up = nil
+		s.retire(p)
+		return
+	}
+	if !st.sentEnd[sideDown] || !st.gotEnd[sideDown] {
+		_ = s.down.fr.WriteRSTStream(st.ids[sideDown], f.ErrCode)
+		s.down.dirty = true
+	}
+	s.remove(st, code)
+}
+
+func rstCode(c http2.ErrCode) codes.Code {
+	switch c {
+	case http2.ErrCodeRefusedStream:
+		return codes.Unavailable
+	case http2.ErrCodeCancel:
+		return codes.Canceled
+	default:
+		return codes.Internal
+	}
+}
+
+// resetBoth resets st on both sides.
+func (s *session) resetBoth(st *stream, code http2.ErrCode, c codes.Code) {
+	_ = s.down.fr.WriteRSTStream(st.ids[sideDown], code)
+	s.down.dirty = true
+	if st.up != nil && !st.up.dead {
+		_ = st.up.fr.WriteRSTStream(st.ids[sideUp], http2.ErrCodeCancel)
+		st.up.dirty = true
+	}
+	s.remove(st, c)
+}
+
+// failStream ends st for the caller with a gRPC status of the relay's own
+// (trailers-only before any response headers, trailers after), discarding
+// what still waits for the caller, and cancels it upstream.
+func (s *session) failStream(st *stream, code codes.Code, msg string) {
+	if st.removed {
+		return
+	}
+	for _, it := range st.q[sideDown] {
+		s.creditConn(st.up, int64(len(it.data)))
+	}
+	st.q[sideDown] = nil
+	if !st.sentEnd[sideDown] && !s.down.dead {
+		fields := make([]hpack.HeaderField, 0, 4)
+		if !st.resp {
+			fields = append(fields, hpack.HeaderField{Name: ":status", Value: "200"},
+				hpack.HeaderField{Name: "content-type", Value: "application/grpc"})
+		}
+		fields = append(fields, hpack.HeaderField{Name: "grpc-status", Value: strconv.Itoa(int(code))},
+			hpack.HeaderField{Name: "grpc-message", Value: encodeGrpcMessage(msg)})
+		s.down.writeHeaders(st.ids[sideDown], fields, true)
+		st.sentEnd[sideDown] = true
+		if !st.gotEnd[sideDown] {
+			// As grpc-go's server does: the caller's side is still open.
+			_ = s.down.fr.WriteRSTStream(st.ids[sideDown], http2.ErrCodeNo)
+		}
+	}
+	if st.up != nil && !st.up.dead && !(st.sentEnd[sideUp] && st.gotEnd[sideUp]) {
+		_ = st.up.fr.WriteRSTStream(st.ids[sideUp], http2.ErrCodeCancel)
+		st.up.dirty = true
+	}
+	s.remove(st, code)
+}
+
+// settings applies a peer's SETTINGS.
+func (s *session) settings(p *peer, f *http2.SettingsFrame) error {
+	var err error
+	delta := int64(0)
+	_ = f.ForeachSetting(func(set http2.Setting) error {
+		if e := set.Valid(); e != nil {
+			err = e
+			return e
+		}
+		switch set.ID {
+		case http2.SettingInitialWindowSize:
+			delta += int64(set.Val) - p.initWindow
+			p.initWindow = int64(set.Val)
+		case http2.SettingMaxFrameSize:
+			p.maxFrame = int(set.Val)
+		case http2.SettingHeaderTableSize:
+			p.enc.SetMaxDynamicTableSizeLimit(set.Val)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if delta == 0 {
+		return nil
+	}
+	side, streams := sideUp, p.streams
+	if p.kind == down {
+		side, streams = sideDown, s.streams
+	}
+	for _, st := range streams {
+		st.win[side] += delta
+		if st.win[side] > 1<<31-1 {
+			return connErr{http2.ErrCodeFlowControl, "SETTINGS_INITIAL_WINDOW_SIZE overflows a stream window"}
+		}
+	}
+	if delta > 0 {
+		s.flushPeer(p)
+	}
+	return nil
+}
+
+func (s *session) windowUpdate(p *peer, f *http2.WindowUpdateFrame) error {
+	inc := int64(f.Increment)
+	if f.StreamID == 0 {
+		p.sendConn += inc
+		if p.sendConn > 1<<31-1 {
+			return connErr{http2.ErrCodeFlowControl, "connection window above 2^31-1"}
+		}
+		s.flushPeer(p)
+		return nil
+	}
+	side, st := sideUp, p.streams[f.StreamID]
+	if p.kind == down {
+		side, st = sideDown, s.streams[f.StreamID]
+		if st == nil && f.StreamID > s.lastID {
+			return protoErr("WINDOW_UPDATE on idle stream %d", f.StreamID)
+		}
+	}
+	if st == nil {
+		return nil
+	}
+	st.win[side] += inc
+	if st.win[side] > 1<<31-1 {
+		return connErr{http2.ErrCodeFlowControl, fmt.Sprintf("window of stream %d above 2^31-1", f.StreamID)}
+	}
+	if len(st.q[side]) > 0 {
+		s.flushQueue(st, side)
+	}
+	return nil
+}
+
+// writeHeaders encodes fields for p and writes them as HEADERS and
+// CONTINUATION frames of at most p's frame size.
+func (p *peer) writeHeaders(id uint32, fields []hpack.HeaderField, end bool) {
+	p.eb.Reset()
+	for _, f := range fields {
+		_ = p.enc.WriteField(f)
+	}
+	block := p.eb.Bytes()
+	first := true
+	for first || len(block) > 0 {
+		n := min(len(block), p.maxFrame)
+		frag := block[:n]
+		block = block[n:]
+		if first {
+			_ = p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: frag, EndStream: end, EndHeaders: len(block) == 0})
+			first = false
+		} else {
+			_ = p.fr.WriteContinuation(id, len(block) == 0, frag)
+		}
+	}
+	p.dirty = true
+}
+
+// statusOf reads grpc-status from trailers; Unknown if absent.
+func statusOf(fields []hpack.HeaderField) codes.Code {
+	for _, f := range fields {
+		if f.Name == "grpc-status" {
+			if n, err := strconv.Atoi(f.Value); err == nil {
+				return codes.Code(n)
+			}
+		}
+	}
+	return codes.Unknown
+}
+
+// msgScanner follows the gRPC length prefixes in one direction of a stream
+// to enforce MaxMsgSize without assembling messages.
+type msgScanner struct {
+	hdr  [5]byte
+	n    int   // header bytes seen
+	left int64 // body bytes still to come
+}
+
+// feed consumes b and reports a message longer than MaxMsgSize.
+func (m *msgScanner) feed(b []byte) (size int64, over bool) {
+	for len(b) > 0 {
+		if m.left > 0 {
+			k := min(m.left, int64(len(b)))
+			m.left -= k
+			b = b[k:]
+			continue
+		}
+		k := copy(m.hdr[m.n:], b)
+		m.n += k
+		b = b[k:]
+		if m.n == len(m.hdr) {
+			m.n = 0
+			size := int64(binary.BigEndian.Uint32(m.hdr[1:]))
+			if size > MaxMsgSize {
+				return size, true
+			}
+			m.left = size
+		}
+	}
+	return 0, false
+}
+
+// encodeGrpcMessage percent-encodes a grpc-message value as grpc-go does.
+func encodeGrpcMessage(msg string) string {
+	clean := true
+	for i := 0; i < len(msg); i++ {
+		if c := msg[i]; c < ' ' || c > '~' || c == '%' {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return msg
+	}
+	var b strings.Builder
+	for i := 0; i < len(msg); i++ {
+		if c := msg[i]; c >= ' ' && c <= '~' && c != '%' {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
+
+// connListener hands in-process connections to the gRPC handler's server.
+type connListener struct {
+	ch   chan net.Conn
+	done chan struct{}
+	once sync.Once
+}
+
+func newConnListener() *connListener {
+	return &connListener{ch: make(chan net.Conn), done: make(chan struct{})}
+}
+
+func (l *connListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *connListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *connListener) Addr() net.Addr { return &net.UnixAddr{Name: "inplaced-relay", Net: "unix"} }
+
+// dial opens a connection to the server behind l: a socket pair, one end
+// for each.
+func (l *connListener) dial() (net.Conn, error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socketpair: %w", err)
+	}
+	mine, err1 := fileConn(fds[0])
+	theirs, err2 := fileConn(fds[1])
+	if err := errors.Join(err1, err2); err != nil {
+		if mine != nil {
+			mine.Close()
+		}
+		if theirs != nil {
+			theirs.Close()
+		}
+		return nil, err
+	}
+	select {
+	case l.ch <- theirs:
+		return mine, nil
+	case <-l.done:
+		mine.Close()
+		theirs.Close()
+		return nil, errors.New("relay is stopping")
+	}
+}
+
+func fileConn(fd int) (net.Conn, error) {
+	f := os.NewFile(uintptr(fd), "relay-socketpair")
+	defer f.Close()
+	return net.FileConn(f)
+}

@@ -1,0 +1,504 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/inplaced/inplaced/test/bench/report"
+	"github.com/inplaced/inplaced/test/harness"
+)
+
+const (
+	// loadPods is how many static pods kubelet runs (issue 12: 60).
+	loadPods = 60
+	// loadNamespace is the static pods' namespace.
+	loadNamespace = "load"
+	// loadSampleEvery: /proc of the processes is read this often;
+	// loadScrapeEvery: inplaced's /metrics is scraped this often.
+	loadSampleEvery = 5 * time.Second
+	loadScrapeEvery = 15 * time.Second
+	// loadSettle is the wait between the last pod ready and the window.
+	loadSettle = 30 * time.Second
+	// loadEnvMinutes sets the window's length in minutes (default 10).
+	loadEnvMinutes = "INPLACED_BENCH_LOAD_MINUTES"
+	// loadEnvDoc names the markdown file the benchmark writes
+	// (hack/bench.sh: docs/benchmarks-kubelet-load.md).
+	loadEnvDoc = "INPLACED_BENCH_LOAD_DOC"
+	// kubelet's own defaults for the two frequencies the harness shortens.
+	loadSyncFrequency      = time.Minute
+	loadFileCheckFrequency = 20 * time.Second
+)
+
+// loadWindow is the measured window: $INPLACED_BENCH_LOAD_MINUTES minutes
+// (a decimal number), default 10.
+func loadWindow() time.Duration {
+	if m, err := strconv.ParseFloat(os.Getenv(loadEnvMinutes), 64); err == nil && m > 0 {
+		return time.Duration(m * float64(time.Minute))
+	}
+	return 10 * time.Minute
+}
+
+// BenchmarkKubeletLoad is issue 12's must-show 3, what a node pays: a real
+// kubelet (standalone, static pods: no API server needed) runs 60 pods of
+// one container through inplaced in front of containerd, and once they are
+// all ready the benchmark watches for $INPLACED_BENCH_LOAD_MINUTES minutes
+// (default 10) while kubelet does only its own work — relist, status,
+// periodic sync, stats. Every 5 s it reads inplaced's, containerd's (the
+// daemon; its shims apart), and kubelet's CPU time, inplaced's RSS, threads
+// and open fds; every 15 s it scrapes inplaced's /metrics for
+// go_goroutines. Verdicts (report.KubeletLoadVerdicts): inplaced's CPU ≤
+// 10 % of containerd's over the window, its RSS ≤ 30 MiB, no goroutine or
+// fd growth from minute 2 to the last minute.
+//
+// It starts a kubelet: run it under `flock /run/inplaced-kubelet-e2e.lock`
+// on a shared machine. With $INPLACED_BENCH_LOAD_DOC set it writes that
+// markdown file (docs/benchmarks-kubelet-load.md from hack/bench.sh); the
+// windows also go to $INPLACED_BENCH_RESULTS (report.Record.KubeletLoad).
+func BenchmarkKubeletLoad(b *testing.B) {
+	harness.KubeletPrerequisites(b)
+	window := loadWindow()
+	if window < 2*time.Minute {
+		b.Fatalf("$%s: the window must be at least 2 minutes (minute 2 is compared with the last), not %s", loadEnvMinutes, window)
+	}
+	host, _ := os.Hostname()
+	run := report.KubeletLoadRun{Host: host, CPUModel: kubeProcField("/proc/cpuinfo", "model name"), Kernel: kubeKernel(),
+		GoVersion: runtime.Version(), NProc: runtime.NumCPU(), KubeletVersion: harness.KubeletVersion,
+		Commit: kubeCommit(), Command: "go test ./test/bench/ " + strings.Join(kubeTestFlags(), " "), Started: time.Now()}
+	// The whole run's load, every second (BenchmarkKubePatch's sampler).
+	loads := &kubeRun{}
+	stop, sampled := make(chan struct{}), make(chan struct{})
+	go func() { loads.sample(stop); close(sampled) }()
+	var stopOnce sync.Once
+	stopSampling := func() { stopOnce.Do(func() { close(stop); <-sampled }) }
+	defer stopSampling()
+	benchBackends(b, func(b *testing.B, c *harness.Containerd) {
+		k, version := measureKubeletLoad(b, c, window)
+		run.Backends = append(run.Backends, fmt.Sprintf("`%s`: %s", c.Backend, version))
+		run.Loads = append(run.Loads, k)
+		mustAppend(b, report.Record{KubeletLoad: k})
+		var vs []string
+		for _, v := range report.KubeletLoadVerdicts(k) {
+			vs = append(vs, fmt.Sprintf("%s: %s: %s", v.Target, v.Measured, v.Result))
+		}
+		b.Logf("verdicts:\n%s", strings.Join(vs, "\n"))
+		b.ReportMetric(k.CPURatio(), "inplaced/containerd-cpu")
+		b.ReportMetric(float64(k.MaxRSSKiB())/1024, "rss-MiB")
+	})
+	run.Finished = time.Now()
+	stopSampling()
+	loads.mu.Lock()
+	run.Load = loads.load
+	loads.mu.Unlock()
+	path := os.Getenv(loadEnvDoc)
+	if path == "" || len(run.Loads) == 0 {
+		return
+	}
+	if b.Failed() {
+		// A broken run never replaces the measured document.
+		path = strings.TrimSuffix(path, ".md") + ".failed.md"
+	}
+	var buf strings.Builder
+	if err := report.RenderKubeletLoad(&buf, run, loadEnvDoc); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(buf.String()), 0o644); err != nil {
+		b.Errorf("write %s: %v", path, err)
+		return
+	}
+	b.Logf("wrote %s", path)
+}
+
+// measureKubeletLoad runs the pods and the window on containerd c, then
+// tears kubelet, inplaced and containerd down and checks they left nothing.
+func measureKubeletLoad(b *testing.B, c *harness.Containerd, window time.Duration) (*report.KubeletLoad, string) {
+	b.Helper()
+	direct := c.CRI(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	v, err := direct.Runtime.Version(ctx, &runtimeapi.VersionRequest{})
+	if err != nil {
+		b.Fatalf("Version: %v", err)
+	}
+	// On the node before kubelet asks: the window is about calls, not pulls.
+	for _, img := range []string{c.Images.Pause, c.Images.App1} {
+		if _, err := direct.Image.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: img}}); err != nil {
+			b.Fatalf("PullImage %s: %v", img, err)
+		}
+	}
+
+	metricsAddr := loadFreeAddr(b)
+	px := harness.StartInplaced(b, c.Endpoint)
+	if err := px.Stop(); err != nil {
+		b.Fatal(err)
+	}
+	// As a node runs it (the harness starts it at debug level), with its
+	// metrics on for go_goroutines.
+	px.ExtraArgs = []string{"--log-level", "info", "--metrics-listen", metricsAddr}
+	if err := px.Start(); err != nil {
+		b.Fatalf("restart inplaced at info level: %v\n%s", err, px.LogTail(20))
+	}
+	scr := &loadScraper{url: "http://" + metricsAddr + "/metrics", client: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1}}}
+
+	kl := harness.StartKubelet(b, harness.KubeletOptions{RuntimeEndpoint: px.Endpoint, BackendEndpoint: c.Endpoint,
+		SyncFrequency: loadSyncFrequency, FileCheckFrequency: loadFileCheckFrequency})
+	res := &report.KubeletLoad{Backend: string(c.Backend), Pods: loadPods, Image: "App1",
+		Kubelet: fmt.Sprintf("%s, syncFrequency %s, fileCheckFrequency %s (kubelet's defaults), the rest as `test/harness` configures it",
+			harness.KubeletVersion, loadSyncFrequency, loadFileCheckFrequency),
+		Inplaced: strings.Join(px.ExtraArgs, " "), SettleNs: int64(loadSettle),
+		SampleEveryNs: int64(loadSampleEvery), ScrapeEveryNs: int64(loadScrapeEvery)}
+	if fi, err := os.Stat(filepath.Join(harness.BinDir(b), "inplaced")); err == nil {
+		res.BinaryBytes = fi.Size()
+	}
+
+	began := time.Now()
+	for i := range loadPods {
+		kl.WritePod(b, harness.StaticPod{Name: fmt.Sprintf("load-%02d", i), Namespace: loadNamespace,
+			Containers: []harness.StaticContainer{{Name: "app", Image: c.Images.App1}}})
+	}
+	if _, err := loadWaitPods(kl, 15*time.Minute); err != nil {
+		b.Fatalf("%d pods: %v\nkubelet log:\n%s", loadPods, err, kl.LogTail(40))
+	}
+	res.PodsReadyNs = int64(time.Since(began))
+	b.Logf("%d pods running and ready after %s", loadPods, time.Since(began).Round(time.Second))
+	time.Sleep(loadSettle)
+
+	pids := map[string]int{"inplaced": px.PID(), "containerd": c.PID, "kubelet": kl.PID()}
+	for n, p := range pids {
+		if p == 0 {
+			b.Fatalf("%s is not running", n)
+		}
+	}
+	shims := loadShims(c.Socket)
+	res.Shims = len(shims)
+	cpu0 := map[string]time.Duration{}
+	for n, p := range pids {
+		if cpu0[n], err = procCPU(p); err != nil {
+			b.Fatalf("%s: %v", n, err)
+		}
+	}
+	shims0 := loadShimsCPU(shims, nil)
+	m0, err := scr.scrape()
+	if err != nil {
+		b.Fatalf("scrape inplaced's metrics: %v", err)
+	}
+	res.Started = time.Now()
+	sampler := startLoadSampler()
+	b.Logf("window of %s: inplaced pid %d, containerd pid %d, %d shims, kubelet pid %d", window, pids["inplaced"], pids["containerd"],
+		len(shims), pids["kubelet"])
+
+	t0 := res.Started
+	lastScrape := t0
+	for i := 1; ; i++ {
+		next := t0.Add(time.Duration(i) * loadSampleEvery)
+		if next.Sub(t0) > window {
+			break
+		}
+		time.Sleep(time.Until(next))
+		// At its scheduled time (the reads take a few ms more), so that
+		// minute n holds the samples at (n−1) min < t ≤ n min.
+		s := report.LoadSample{AtNs: int64(next.Sub(t0)), Goroutines: -1}
+		cpu := map[string]time.Duration{}
+		for n, p := range pids {
+			if cpu[n], err = procCPU(p); err != nil {
+				b.Fatalf("%s (pid %d) gone during the window: %v", n, p, err)
+			}
+		}
+		s.InplacedCPUNs = int64(cpu["inplaced"] - cpu0["inplaced"])
+		s.ContainerdCPUNs = int64(cpu["containerd"] - cpu0["containerd"])
+		s.KubeletCPUNs = int64(cpu["kubelet"] - cpu0["kubelet"])
+		for _, t := range loadShimsCPU(shims, shims0) {
+			s.ShimsCPUNs += int64(t)
+		}
+		st, err := loadStatus(pids["inplaced"])
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.RSSKiB, s.RSSAnonKiB, s.RSSFileKiB, s.Threads, res.VmHWMKiB = st["VmRSS"], st["RssAnon"], st["RssFile"], int(st["Threads"]), st["VmHWM"]
+		if s.FDs, err = loadFDs(pids["inplaced"]); err != nil {
+			b.Fatal(err)
+		}
+		s.Load1, _ = load1()
+		if time.Since(lastScrape) >= loadScrapeEvery-loadSampleEvery/2 {
+			m, err := scr.scrape()
+			if err != nil {
+				b.Fatalf("scrape inplaced's metrics: %v", err)
+			}
+			s.Goroutines, s.HeapInuseKiB, lastScrape = m.goroutines, m.heapInuseKiB, time.Now()
+		}
+		res.Samples = append(res.Samples, s)
+		if i%12 == 0 {
+			b.Logf("%s: inplaced CPU %s, containerd %s, RSS %d KiB, fds %d, goroutines %d, load %.1f",
+				time.Duration(s.AtNs).Round(time.Second), time.Duration(s.InplacedCPUNs), time.Duration(s.ContainerdCPUNs), s.RSSKiB, s.FDs, s.Goroutines, s.Load1)
+		}
+	}
+	res.Conditions = sampler.finish()
+	res.WindowNs = int64(time.Since(t0))
+	m1, err := scr.scrape()
+	if err != nil {
+		b.Fatalf("scrape inplaced's metrics: %v", err)
+	}
+	res.Calls = map[string]int64{}
+	for m, n := range m1.calls {
+		if d := n - m0.calls[m]; d > 0 {
+			res.Calls[m] = d
+		}
+	}
+	res.Scrapes = scr.n - 1 // the one before the window is not in it
+
+	pods, err := kl.Pods(context.Background())
+	if err != nil {
+		b.Fatalf("kubelet's pods: %v", err)
+	}
+	for i := range pods {
+		if pods[i].Metadata.Namespace != loadNamespace {
+			continue
+		}
+		if harness.Running("app")(&pods[i]) == nil {
+			res.PodsRunning++
+		}
+		for _, cs := range pods[i].Status.ContainerStatuses {
+			res.Restarts += int(cs.RestartCount)
+		}
+	}
+	if res.PodsRunning != loadPods {
+		b.Errorf("%d of %d pods running and ready at the window's end", res.PodsRunning, loadPods)
+	}
+	if n := len(loadShims(c.Socket)); n != len(shims) {
+		b.Logf("%d shims at the window's end, %d at its start (the shims column counts those of the start)", n, len(shims))
+	}
+
+	// What one scrape costs inplaced, to say how much of its CPU the
+	// window's scrapes were.
+	before, _ := procCPU(pids["inplaced"])
+	for range 100 {
+		if _, err := scr.scrape(); err != nil {
+			b.Fatalf("scrape: %v", err)
+		}
+	}
+	after, _ := procCPU(pids["inplaced"])
+	res.ScrapeCPUNs = int64(after-before) / 100
+
+	if strings.Contains(px.LogTail(1<<30), "panic:") {
+		b.Errorf("inplaced panicked:\n%s", px.LogTail(40))
+	}
+	// Teardown, checked: kubelet and its pods, then inplaced, then containerd.
+	scr.client.CloseIdleConnections()
+	if err := kl.Close(); err != nil {
+		b.Errorf("kubelet close: %v", err)
+	}
+	if l := kl.Leftovers(); len(l) > 0 {
+		b.Errorf("kubelet left behind: %v", l)
+	}
+	if err := px.Stop(); err != nil {
+		b.Errorf("stop inplaced: %v", err)
+	}
+	if err := c.Close(); err != nil {
+		b.Errorf("containerd close: %v", err)
+	}
+	if l := c.Leftovers(); len(l) > 0 {
+		b.Errorf("containerd left behind: %v", l)
+	}
+	return res, v.RuntimeName + " " + v.RuntimeVersion
+}
+
+// loadWaitPods waits until kubelet runs loadPods pods of loadNamespace,
+// every container running and ready.
+func loadWaitPods(kl *harness.Kubelet, timeout time.Duration) (int, error) {
+	deadline := time.Now().Add(timeout)
+	var ready int
+	var last error
+	for {
+		if err := kl.ExitError(); err != nil {
+			return ready, fmt.Errorf("kubelet exited: %v", err)
+		}
+		pods, err := kl.Pods(context.Background())
+		if err == nil {
+			ready, last = 0, nil
+			for i := range pods {
+				if pods[i].Metadata.Namespace != loadNamespace {
+					continue
+				}
+				if err := harness.Running("app")(&pods[i]); err != nil {
+					last = fmt.Errorf("%s: %v", pods[i].Metadata.Name, err)
+					continue
+				}
+				ready++
+			}
+			if ready == loadPods {
+				return ready, nil
+			}
+		} else {
+			last = err
+		}
+		if time.Now().After(deadline) {
+			return ready, fmt.Errorf("%d ready after %s; last: %v", ready, timeout, last)
+		}
+		time.Sleep(2 * time.Second)
+	}
+}
+
+// loadScraper reads inplaced's /metrics over one kept-alive connection
+// (so that the scrapes add no fd or goroutine that comes and goes).
+type loadScraper struct {
+	url    string
+	client *http.Client
+	n      int
+}
+
+// loadMetrics is what one scrape read.
+type loadMetrics struct {
+	calls        map[string]int64 // inplaced_cri_requests_total by method, all codes
+	goroutines   int              // go_goroutines
+	heapInuseKiB int64            // go_memstats_heap_inuse_bytes
+}
+
+func (s *loadScraper) scrape() (loadMetrics, error) {
+	m := loadMetrics{calls: map[string]int64{}, goroutines: -1}
+	resp, err := s.client.Get(s.url)
+	if err != nil {
+		return m, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return m, fmt.Errorf("GET %s: %s", s.url, resp.Status)
+	}
+	s.n++
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		name, _, _ := strings.Cut(line, " ")
+		name, _, _ = strings.Cut(name, "{")
+		if name != "go_goroutines" && name != "go_memstats_heap_inuse_bytes" && name != "inplaced_cri_requests_total" {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			return m, fmt.Errorf("%s: %q", s.url, line)
+		}
+		switch name {
+		case "go_goroutines":
+			m.goroutines = int(v)
+		case "go_memstats_heap_inuse_bytes":
+			m.heapInuseKiB = int64(v) >> 10
+		default:
+			method := loadLabel(line, "method")
+			if method == "" {
+				return m, fmt.Errorf("%s: no method in %q", s.url, line)
+			}
+			m.calls[method] += int64(v)
+		}
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if err := sc.Err(); err != nil {
+		return m, err
+	}
+	if m.goroutines < 0 {
+		return m, fmt.Errorf("no go_goroutines in %s", s.url)
+	}
+	return m, nil
+}
+
+// loadLabel is label name's value in a Prometheus text-format line.
+func loadLabel(line, name string) string {
+	_, rest, ok := strings.Cut(line, name+`="`)
+	if !ok {
+		return ""
+	}
+	v, _, _ := strings.Cut(rest, `"`)
+	return v
+}
+
+// loadFreeAddr is a free 127.0.0.1 port for inplaced's metrics.
+func loadFreeAddr(b *testing.B) string {
+	b.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// loadShims are the pids of the shims of the containerd at socket: their
+// command line names it (-address).
+func loadShims(socket string) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if !strings.Contains(filepath.Base(args[0]), "containerd-shim") {
+			continue
+		}
+		for i, a := range args {
+			if a == "-address" && i+1 < len(args) && args[i+1] == socket {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// loadShimsCPU is each shim's CPU time, less base's (a shim gone since is
+// left out).
+func loadShimsCPU(pids []int, base map[int]time.Duration) map[int]time.Duration {
+	out := map[int]time.Duration{}
+	for _, p := range pids {
+		if t, err := procCPU(p); err == nil {
+			out[p] = t - base[p]
+		}
+	}
+	return out
+}
+
+// loadStatus reads the numeric fields of /proc/<pid>/status (sizes in
+// KiB): VmRSS, VmHWM, RssAnon, RssFile, Threads, ...
+func loadStatus(pid int) (map[string]int64, error) {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(string(data), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if f := strings.Fields(v); ok && len(f) > 0 {
+			if n, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+				out[k] = n
+			}
+		}
+	}
+	if out["VmRSS"] == 0 {
+		return nil, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	}
+	return out, nil
+}
+
+// loadFDs counts pid's open file descriptors.
+func loadFDs(pid int) (int, error) {
+	ents, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "fd"))
+	return len(ents), err
+}

@@ -1,0 +1,92 @@
+package guest
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/inplaced/inplaced/test/harness"
+)
+
+// TestSwap swaps the image and env of a kubelet-managed pod's container with
+// the systemd driver: kubelet adopts the new container (image v2, ready,
+// restartCount 1), the sandbox and its IP are the same, and the new container
+// is its own cri-containerd-<id>.scope under the same pod slice.
+func TestSwap(t *testing.T) {
+	writePods(t, pod{name: "sw", image: imgApp1, env: [][2]string{{"A", "1"}}, readinessHTTP: 8080,
+		cpuReq: "100m", cpuLim: "500m", memReq: "32Mi", memLim: "128Mi"})
+	proxy := harness.DialCRI(t, proxySocket)
+	before := waitPod(t, "sw", 5*time.Minute, harness.Running(container))
+	old := inspect(t, proxy, before.Container(container).ID())
+	oldCg := procCgroup(t, old.pid)
+	t.Logf("before: container %s in %s, pod IP %s", old.status.Id[:12], oldCg, before.Status.PodIP)
+
+	out, err := inplacectl("swap", podName("sw"), "-n", "default", "-c", container, "--image", imgApp2, "--env", "X=Y", "--min-runtime", "2s", "-o", "json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var rec struct {
+		State              string `json:"state"`
+		Error              string `json:"error"`
+		OldContainerID     string `json:"old_container_id"`
+		RunningContainerID string `json:"running_container_id"`
+		DowntimeNs         string `json:"downtime_ns"`
+	}
+	if i := strings.LastIndex(out, "\n{"); i >= 0 {
+		out = out[i+1:]
+	}
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &rec); err != nil {
+		t.Fatalf("decode swap record: %v\n%s", err, out)
+	}
+	if rec.State != "SWAP_STATE_COMMITTED" || rec.OldContainerID != old.status.Id {
+		t.Fatalf("swap: %+v", rec)
+	}
+	dt, _ := strconv.ParseInt(rec.DowntimeNs, 10, 64)
+	t.Logf("swap committed: %s → %s, downtime %s", rec.OldContainerID[:12], rec.RunningContainerID[:12], time.Duration(dt).Round(time.Millisecond))
+
+	p := waitPod(t, "sw", 2*time.Minute, func(p *harness.KubePod) error {
+		c := p.Container(container)
+		if c.ID() != rec.RunningContainerID || c.Image != imgApp2 || !c.Ready || c.State.Running == nil || c.RestartCount != 1 {
+			b, _ := json.Marshal(c)
+			return fmt.Errorf("kubelet shows %s", b)
+		}
+		return nil
+	})
+	t.Logf("kubelet adopted it: image %s, ready, restartCount %d", p.Container(container).Image, p.Container(container).RestartCount)
+	if p.Status.PodIP != before.Status.PodIP || p.Status.PodIP == "" {
+		t.Errorf("pod IP %q, was %q", p.Status.PodIP, before.Status.PodIP)
+	}
+
+	nu := inspect(t, proxy, rec.RunningContainerID)
+	if nu.sandboxID != old.sandboxID {
+		t.Errorf("new container in sandbox %s, old in %s", nu.sandboxID, old.sandboxID)
+	}
+	cg := procCgroup(t, nu.pid)
+	want := path.Join(path.Dir(oldCg), "cri-containerd-"+rec.RunningContainerID+".scope")
+	if cg != want {
+		t.Errorf("new container's process is in %s, want %s (same pod slice)", cg, want)
+	}
+	t.Logf("new container in %s", cg)
+	if v := readFile(t, "/proc/"+strconv.Itoa(nu.pid)+"/root/VERSION"); v != "v2" {
+		t.Errorf("new container runs VERSION %q, want v2", v)
+	}
+	env, err := os.ReadFile("/proc/" + strconv.Itoa(nu.pid) + "/environ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := strings.Split(string(env), "\x00")
+	for _, kv := range []string{"X=Y", "A=1"} {
+		found := false
+		for _, v := range vars {
+			found = found || v == kv
+		}
+		if !found {
+			t.Errorf("new container's environment lacks %s: %v", kv, vars)
+		}
+	}
+}
