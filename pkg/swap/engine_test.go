@@ -481,6 +481,43 @@ func TestSwapAbortedAfterStop(t *testing.T) {
 	e.settled(t, rec)
 }
 
+// TestSwapAbortedDuringStart: a pod removal that lands while the new
+// container is starting. containerd finishes a start it began even when its
+// caller gives up, and refuses to remove a container until then; the swap
+// must wait for the start before it cleans up, or it leaves the container
+// behind (and RemovePodSandbox fails on it).
+func TestSwapAbortedDuringStart(t *testing.T) {
+	e := newEnv(t)
+	e.create(t, e.containerReq(0), true)
+	const slowImage = "registry.local/app:slow"
+	e.be.SlowStart(slowImage, 700*time.Millisecond)
+
+	sub, err := e.start(&inplacedv1.Change{Image: strp(slowImage)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := &events{t: t, sub: sub}
+	ev.until(StepStartNew, "started")
+	f := e.fences.Lookup(fence.Key{SandboxID: e.sbID, Name: "app"})
+	if f == nil {
+		t.Fatal("no fence held during the swap")
+	}
+	time.Sleep(100 * time.Millisecond) // the start is under way in the backend
+	f.Abort(errors.New("the pod sandbox is being removed"))
+	rec := ev.end()
+
+	if rec.State != inplacedv1.SwapState_SWAP_STATE_ABORTED {
+		t.Fatalf("state %s error %q, want ABORTED", rec.State, rec.Error)
+	}
+	if rec.NewContainerId == "" || e.be.Container(rec.NewContainerId) != nil {
+		t.Errorf("new container %q left behind after the abort", rec.NewContainerId)
+	}
+	if n := len(e.running()); n != 0 {
+		t.Errorf("%d containers named app run after an abort, want 0", n)
+	}
+	e.settled(t, rec)
+}
+
 func TestStartRefusesBeforeTouching(t *testing.T) {
 	e := newEnv(t)
 	oldID := e.create(t, e.containerReq(0), true)

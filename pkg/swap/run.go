@@ -237,7 +237,9 @@ func (r *run) execute(ctx context.Context) {
 	// starts no process before StartContainer.
 	var newID string
 	err = r.step(StepCreateNew, store.StepCreateNew, func() error {
-		resp, err := r.e.rt.CreateContainer(ctx, r.newReq)
+		resp, err := runToEnd(ctx, func(ctx context.Context) (*runtimeapi.CreateContainerResponse, error) {
+			return r.e.rt.CreateContainer(ctx, r.newReq)
+		})
 		if err != nil {
 			return err
 		}
@@ -275,7 +277,9 @@ func (r *run) execute(ctx context.Context) {
 		if r.kube != nil {
 			timeout = r.kube.stopTimeout // kubelet already ran preStop and took its time off
 		}
-		_, err := r.e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: r.t.container.Id, Timeout: timeout})
+		_, err := runToEnd(ctx, func(ctx context.Context) (*runtimeapi.StopContainerResponse, error) {
+			return r.e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: r.t.container.Id, Timeout: timeout})
+		})
 		return err
 	})
 	stopped = err == nil
@@ -287,13 +291,23 @@ func (r *run) execute(ctx context.Context) {
 		r.fail(ctx, &out, newID, fmt.Errorf("stop old container: %w", err))
 		return
 	}
+	if ctx.Err() != nil {
+		r.fail(ctx, &out, newID, errors.New("aborted after the old container was stopped"))
+		return
+	}
 	err = r.step(StepStartNew, store.StepStartNew, func() error {
-		_, err := r.e.rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: newID})
+		_, err := runToEnd(ctx, func(ctx context.Context) (*runtimeapi.StartContainerResponse, error) {
+			return r.e.rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: newID})
+		})
 		return err
 	})
 	r.rec.DowntimeNs = int64(r.e.now().Sub(downStart))
 	if err != nil {
 		r.fail(ctx, &out, newID, fmt.Errorf("start new container: %w", err))
+		return
+	}
+	if ctx.Err() != nil {
+		r.fail(ctx, &out, newID, errors.New("aborted while the new container was starting"))
 		return
 	}
 	if h := r.opts.GetPostStart(); h != nil {
@@ -323,6 +337,19 @@ func (r *run) execute(ctx context.Context) {
 	out = fence.Outcome{RunningID: newID, Committed: true}
 	r.rec.RunningContainerId = newID
 	r.finish(out, inplacedv1.SwapState_SWAP_STATE_COMMITTED, nil)
+}
+
+// runToEnd makes a runtime call that an abort must not cut short. containerd
+// finishes a create, stop or start it began even when its caller goes away,
+// and until then refuses to remove the container ("container is in starting
+// state"); a swap that gave up on the call would clean up too early and
+// leave the container behind, failing kubelet's RemovePodSandbox. The call
+// keeps ctx's values, not its cancellation, and is bounded by
+// cleanupTimeout; the caller checks ctx for an abort afterwards.
+func runToEnd[T any](ctx context.Context, call func(context.Context) (T, error)) (T, error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	return call(cctx)
 }
 
 // pull makes sure the new image is on the node before anything is touched.

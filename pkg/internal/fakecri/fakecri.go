@@ -11,7 +11,10 @@
 //     status pass unchanged);
 //   - PullImage can be made to fail for one image (FailPull);
 //   - StartContainer can be made to leave a container of one image exited,
-//     as a container whose process dies at once (ExitOnStart).
+//     as a container whose process dies at once (ExitOnStart);
+//   - StartContainer can be made slow for one image and, as containerd's,
+//     finish what it began when its caller gives up; meanwhile the container
+//     is "starting" and RemoveContainer refuses it (SlowStart).
 //
 // Test-only: nothing outside *_test.go files imports it.
 package fakecri
@@ -51,6 +54,8 @@ type Backend struct {
 	mu          sync.Mutex
 	pullErrors  map[string]error
 	exitOnStart map[string]int32
+	slowStart   map[string]time.Duration
+	starting    map[string]bool
 }
 
 // Start serves fresh fakes on a temporary socket until the test ends. Extra
@@ -70,6 +75,8 @@ func Start(t testing.TB, opts ...grpc.ServerOption) *Backend {
 		Socket:      filepath.Join(dir, "cri.sock"),
 		pullErrors:  map[string]error{},
 		exitOnStart: map[string]int32{},
+		slowStart:   map[string]time.Duration{},
+		starting:    map[string]bool{},
 	}
 	b.Endpoint = "unix://" + b.Socket
 	lis, err := net.Listen("unix", b.Socket)
@@ -118,6 +125,16 @@ func (b *Backend) ExitOnStart(image string, exitCode int32) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.exitOnStart[image] = exitCode
+}
+
+// SlowStart makes StartContainer of a container whose config image is image
+// take d. Like containerd's, the start runs to its end even when the caller
+// cancels; until then the container is starting and RemoveContainer of it
+// fails.
+func (b *Backend) SlowStart(image string, d time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.slowStart[image] = d
 }
 
 // Container returns a copy of a container's status in the fake, or nil.
@@ -232,6 +249,46 @@ func (s *runtimeServer) CreateContainer(ctx context.Context, req *runtimeapi.Cre
 }
 
 func (s *runtimeServer) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
+	if d := s.b.startDelay(s.f, req.ContainerId); d > 0 {
+		done := make(chan error, 1)
+		go func() {
+			time.Sleep(d)
+			_, err := s.start(context.Background(), req)
+			s.b.mu.Lock()
+			delete(s.b.starting, req.ContainerId)
+			s.b.mu.Unlock()
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			return &runtimeapi.StartContainerResponse{}, err
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	return s.start(ctx, req)
+}
+
+// startDelay marks a container of a SlowStart image as starting and returns
+// its delay (0 for other containers).
+func (b *Backend) startDelay(f *critest.FakeRuntimeService, id string) time.Duration {
+	f.Lock()
+	c, ok := f.Containers[id]
+	var image string
+	if ok {
+		image = c.GetImage().GetImage()
+	}
+	f.Unlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d := b.slowStart[image]
+	if ok && d > 0 {
+		b.starting[id] = true
+	}
+	return d
+}
+
+func (s *runtimeServer) start(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
 	if err := s.f.StartContainer(ctx, req.ContainerId); err != nil {
 		return nil, grpcErr(err)
 	}
@@ -255,6 +312,13 @@ func (s *runtimeServer) StopContainer(ctx context.Context, req *runtimeapi.StopC
 }
 
 func (s *runtimeServer) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
+	s.b.mu.Lock()
+	starting := s.b.starting[req.ContainerId]
+	s.b.mu.Unlock()
+	if starting {
+		// containerd's words, from a start its caller gave up on.
+		return nil, status.Errorf(codes.Unknown, "failed to set removing state for container %q: container is in starting state, can't be removed", req.ContainerId)
+	}
 	return &runtimeapi.RemoveContainerResponse{}, grpcErr(s.f.RemoveContainer(ctx, req.ContainerId))
 }
 
