@@ -56,6 +56,7 @@ type Fence struct {
 	replaceOld bool
 	outcome    Outcome
 	obs        WaitObserver
+	linger     bool // LingerOnRelease
 }
 
 // WaitObserver sees calls waiting on a fence (metrics, the control API's
@@ -75,6 +76,8 @@ type Registry struct {
 	presented     map[string]*presentation
 	relistWaiters []chan struct{}
 	relists       []time.Time // the last unfiltered ListContainers
+	// lingers: old container ID → its snapshot, after its swap (linger.go).
+	lingers map[string]*lingering
 }
 
 // SetWaitObserver installs o for every fence acquired after; call it
@@ -112,6 +115,7 @@ func (r *Registry) Release(f *Fence, out Outcome) {
 			delete(r.byID, id)
 		}
 	}
+	r.startLinger(f, out, time.Now())
 	r.mu.Unlock()
 	f.mu.Lock()
 	f.outcome = out
@@ -148,12 +152,13 @@ func (r *Registry) BySandbox(sandboxID string) []*Fence {
 	return out
 }
 
-// Active reports whether any swap is running or any hash is presented;
-// interceptors use it to skip all work on the hot path otherwise.
+// Active reports whether any swap is running, any hash is presented or an
+// ended swap's snapshot lingers; interceptors use it to skip all work on
+// the hot path otherwise.
 func (r *Registry) Active() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.fences) > 0 || len(r.presented) > 0
+	return len(r.fences) > 0 || len(r.presented) > 0 || (len(r.lingers) > 0 && r.lingersLocked(time.Now()))
 }
 
 // Abort cancels the swap with cause.

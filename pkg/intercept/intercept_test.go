@@ -459,6 +459,75 @@ func TestMask(t *testing.T) {
 	}
 }
 
+// TestOldStatusLingersUntilAListShowsTheTruth: kubelet lists, then asks
+// ContainerStatus for each container listed. A swap ending between the two
+// must not show it "old exited, nothing else" (it would create the swap's
+// attempt itself): the old snapshot stays until a list served after the
+// swap has shown the new container, or fence.LingerFor passes.
+func TestOldStatusLingersUntilAListShowsTheTruth(t *testing.T) {
+	p := newProxy(t)
+	ctx := context.Background()
+	m := p.maskedSwap(t)
+	status := func() runtimeapi.ContainerState {
+		t.Helper()
+		st, err := p.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: m.oldID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Status.State
+	}
+	list := func(f *runtimeapi.ContainerFilter) map[string]runtimeapi.ContainerState {
+		t.Helper()
+		resp, err := p.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: f})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids(resp.Containers)
+	}
+	if got := list(nil); got[m.newID] != 0 || len(got) != 2 {
+		t.Fatalf("under the mask kubelet lists %v", got)
+	}
+	m.f.LingerOnRelease()
+	p.fences.Release(m.f, fence.Outcome{RunningID: m.newID, Committed: true})
+	if got := status(); got != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("old container right after the swap: %s, want the RUNNING snapshot its list implied", got)
+	}
+	running := &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING}
+	list(&runtimeapi.ContainerFilter{State: running})
+	list(&runtimeapi.ContainerFilter{PodSandboxId: "another-pod"})
+	if got := status(); got != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Fatalf("old container after lists that do not name it: %s, want the snapshot still", got)
+	}
+	got := list(&runtimeapi.ContainerFilter{LabelSelector: map[string]string{"io.kubernetes.container.name": "app"}})
+	if got[m.newID] != runtimeapi.ContainerState_CONTAINER_RUNNING || got[m.oldID] != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Fatalf("list after the swap: %v, want the truth", got)
+	}
+	if got := status(); got != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Fatalf("old container after a list showed the new one: %s, want the truth (EXITED)", got)
+	}
+	if p.fences.Active() {
+		t.Error("the registry is still active after the linger ended: reads stay decoded")
+	}
+}
+
+// TestLingerEndsWithoutAList: with no list after the swap, the snapshot
+// goes after fence.LingerFor.
+func TestLingerEndsWithoutAList(t *testing.T) {
+	p := newProxy(t)
+	ctx := context.Background()
+	m := p.maskedSwap(t)
+	m.f.LingerOnRelease()
+	p.fences.Release(m.f, fence.Outcome{RunningID: m.newID, Committed: true})
+	if !p.fences.Active() {
+		t.Fatal("no linger after a released swap")
+	}
+	time.Sleep(fence.LingerFor + 100*time.Millisecond)
+	st, err := p.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: m.oldID})
+	if err != nil || st.Status.State != runtimeapi.ContainerState_CONTAINER_EXITED {
+		t.Fatalf("old status %v after the linger: %v, want EXITED", st, err)
+	}
+}
+
 func TestMaskOffShowsTheTruth(t *testing.T) {
 	p := newProxy(t)
 	ctx := context.Background()

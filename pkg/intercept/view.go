@@ -2,6 +2,7 @@ package intercept
 
 import (
 	"context"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -80,6 +81,10 @@ func (i *Interceptors) listContainers(ctx context.Context, req *runtimeapi.ListC
 	if f := req.GetFilter(); f == nil || proto.Equal(f, &runtimeapi.ContainerFilter{}) {
 		i.fences.Relisted()
 	}
+	// Views are read after this instant; lingers of swaps released before it
+	// are over once this answer is served (fence.Listed).
+	viewedAt := time.Now()
+	defer i.fences.Listed(req.GetFilter(), viewedAt)
 	seenSandbox := map[string]bool{}
 	var views []mask
 	for _, c := range resp.Containers {
@@ -173,6 +178,10 @@ func (i *Interceptors) containerStatus(ctx context.Context, req *runtimeapi.Cont
 			st.Annotations = ann
 			i.fences.Inspected(req.ContainerId)
 		}
+	}
+	if st, ok := i.fences.Lingering(req.ContainerId); ok {
+		resp.Status = proto.Clone(st).(*runtimeapi.ContainerStatus)
+		return resp, nil
 	}
 	f := i.fences.ByContainer(req.ContainerId)
 	if f == nil {

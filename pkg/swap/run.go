@@ -164,6 +164,9 @@ func (r *run) execute(ctx context.Context) {
 	stopped := false
 	defer func() {
 		if r.fence != nil {
+			if r.kube == nil {
+				r.fence.LingerOnRelease()
+			}
 			r.e.fences.Release(r.fence, out)
 		}
 		if r.kube != nil {
