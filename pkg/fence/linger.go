@@ -67,6 +67,13 @@ func (r *Registry) Lingering(id string) (*runtimeapi.ContainerStatus, bool) {
 	return l.status, true
 }
 
+// EndLinger ends the lingering of a container that was removed.
+func (r *Registry) EndLinger(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.lingers, id)
+}
+
 // Listed ends the lingering of every old container a ListContainers with
 // filter would have named, if its swap was released before viewedAt (when
 // the list's answer was checked against the masks): that answer showed

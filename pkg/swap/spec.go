@@ -69,6 +69,7 @@ func (e *Engine) SpecWritten(ctx context.Context, rec *inplacedv1.SwapRecord, sp
 		if _, err := e.rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: old}); err != nil && status.Code(err) != codes.NotFound {
 			errs = append(errs, fmt.Errorf("remove the old container %s: %w", short(old), err))
 		} else {
+			e.fences.EndLinger(old)
 			_ = e.store.DeleteContainer(old)
 		}
 	}
