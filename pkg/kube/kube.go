@@ -112,6 +112,8 @@ type Controller struct {
 	requests map[types.UID]string
 	told     map[string]bool
 	envSeen  map[string]bool // pod/container/values digests of env-from-metadata swaps
+	// waiters: stops waiting for the watch to deliver a newer pod (watchLag).
+	waiters  map[types.UID][]chan struct{}
 	recorder record.EventRecorder
 }
 
@@ -178,7 +180,7 @@ func New(o Options) (*Controller, error) {
 	return &Controller{client: o.Client, node: o.NodeName, engine: o.Engine, rt: o.Runtime, store: o.Store,
 		log: o.Logger, onPullFailure: o.OnPullFailure, resync: o.Resync, now: time.Now,
 		changes: map[containerKey]*change{}, ctx: context.Background(),
-		seen: map[types.UID]string{}, requests: map[types.UID]string{}, told: map[string]bool{}, envSeen: map[string]bool{}, affinityDrift: o.AffinityDrift}, nil
+		seen: map[types.UID]string{}, requests: map[types.UID]string{}, told: map[string]bool{}, envSeen: map[string]bool{}, waiters: map[types.UID][]chan struct{}{}, affinityDrift: o.AffinityDrift}, nil
 }
 
 func (c *change) cancel(why error) {

@@ -70,8 +70,11 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 	}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    enqueue,
-		UpdateFunc: func(_, obj any) { enqueue(obj) },
+		AddFunc: enqueue,
+		UpdateFunc: func(_, obj any) {
+			c.delivered(obj)
+			enqueue(obj)
+		},
 		DeleteFunc: enqueue,
 	}); err != nil {
 		return fmt.Errorf("pod watch: %w", err)
@@ -235,18 +238,21 @@ func (c *Controller) detect(ctx context.Context, containerID string) *change {
 	if ns == "" || podName == "" || name == "" {
 		return nil
 	}
-	pod, err := lister.Pods(ns).Get(podName)
-	if err != nil || string(pod.UID) != labels[swap.LabelPodUID] || pod.DeletionTimestamp != nil || pod.Spec.NodeName != c.node {
-		return nil
+	pod, sc := c.cachedSpec(lister, ns, podName, labels[swap.LabelPodUID], name)
+	if sc == nil || c.kubeletHash(containerID, annotations) == "" {
+		return nil // not a pod on the watch, being deleted, or not kubelet's container
 	}
-	var sc *corev1.Container
-	for i := range pod.Spec.Containers {
-		if pod.Spec.Containers[i].Name == name {
-			sc = &pod.Spec.Containers[i]
+	if c.declares(containerID, annotations, ContainerHash(sc.Name, sc.Image)) {
+		// The cached spec declares what runs: a liveness kill, an
+		// eviction... or a spec change kubelet's own watch delivered first
+		// (seen ahead by 15 ms). Give the watch watchLag to catch up.
+		if !c.awaitNewer(ctx, lister, pod, watchLag) {
+			return nil
 		}
-	}
-	if sc == nil || c.kubeletHash(containerID, annotations) == "" || c.declares(containerID, annotations, ContainerHash(sc.Name, sc.Image)) {
-		return nil // the spec still declares what runs: a liveness kill, an eviction...
+		if pod, sc = c.cachedSpec(lister, ns, podName, labels[swap.LabelPodUID], name); sc == nil ||
+			c.declares(containerID, annotations, ContainerHash(sc.Name, sc.Image)) {
+			return nil
+		}
 	}
 	next := c.newChange(pod, sc, containerID)
 	c.mu.Lock()
@@ -261,6 +267,81 @@ func (c *Controller) detect(ctx context.Context, containerID string) *change {
 	c.mu.Unlock()
 	go c.prepare(next)
 	return next
+}
+
+// watchLag bounds how long a stop of a container whose cached spec declares
+// what runs waits for the pod watch to deliver a newer pod: kubelet's
+// watch and inplaced's see the same change at about the same time, and
+// kubelet's can be first. Stops of pods being deleted, or not on the watch,
+// never wait; nor does anything wait on the API server itself.
+const watchLag = 500 * time.Millisecond
+
+// cachedSpec returns the pod in the watch's cache and its container name,
+// if the pod is this node's, is the one with uid and is not being deleted.
+func (c *Controller) cachedSpec(lister listersv1.PodLister, ns, podName, uid, name string) (*corev1.Pod, *corev1.Container) {
+	pod, err := lister.Pods(ns).Get(podName)
+	if err != nil || string(pod.UID) != uid || pod.DeletionTimestamp != nil || pod.Spec.NodeName != c.node {
+		return nil, nil
+	}
+	for i := range pod.Spec.Containers {
+		if pod.Spec.Containers[i].Name == name {
+			return pod, &pod.Spec.Containers[i]
+		}
+	}
+	return nil, nil
+}
+
+// awaitNewer waits up to d for the watch to deliver a version of pod newer
+// than the one given; it reports whether one came.
+func (c *Controller) awaitNewer(ctx context.Context, lister listersv1.PodLister, pod *corev1.Pod, d time.Duration) bool {
+	wake := make(chan struct{})
+	c.mu.Lock()
+	c.waiters[pod.UID] = append(c.waiters[pod.UID], wake)
+	c.mu.Unlock()
+	defer c.dropWaiter(pod.UID, wake)
+	if now, err := lister.Pods(pod.Namespace).Get(pod.Name); err == nil && now.ResourceVersion != pod.ResourceVersion {
+		return true // delivered between the caller's read and the registration
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-wake:
+		return true
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// delivered wakes the stops waiting for a newer version of obj's pod.
+func (c *Controller) delivered(obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	ws := c.waiters[pod.UID]
+	delete(c.waiters, pod.UID)
+	c.mu.Unlock()
+	for _, w := range ws {
+		close(w)
+	}
+}
+
+func (c *Controller) dropWaiter(uid types.UID, wake chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ws := c.waiters[uid]
+	for i, w := range ws {
+		if w == wake {
+			c.waiters[uid] = append(ws[:i], ws[i+1:]...)
+			break
+		}
+	}
+	if len(c.waiters[uid]) == 0 {
+		delete(c.waiters, uid)
+	}
 }
 
 // kubeletHash is the container hash kubelet sees for a container: its own
