@@ -180,6 +180,10 @@ func (c *Controller) syncRequest(pod *corev1.Pod) {
 		hooks.BeforeStop = func(ctx context.Context) error {
 			c.setCondition(pod, ConditionInPlaceReady, corev1.ConditionFalse, "InPlaceSwap",
 				fmt.Sprintf("in-place swap of container %s: out of the Service endpoints for %s before the old container stops", req.Container, drain))
+			// The endpoints follow the pod's Ready, which kubelet recomputes
+			// from the gate some time after the write: the drain counts from
+			// when the pod is NotReady, not from the write.
+			c.awaitNotReady(ctx, pod, notReadyWait)
 			select {
 			case <-time.After(drain):
 				return nil
@@ -215,6 +219,41 @@ func (c *Controller) syncRequest(pod *corev1.Pod) {
 	c.event(pod, corev1.EventTypeNormal, EventSwapStarted, "in-place swap of container %s requested by %s started", req.Container, AnnotationSwap)
 	c.writeStatus(pod, &SwapStatus{RequestDigest: digest, State: StateRunning, Container: req.Container})
 	go c.follow(pod, digest, req, specHash, sub)
+}
+
+// notReadyWait bounds how long a gated swap waits for kubelet to turn the
+// pod NotReady after the gate went False (kubelet's status sync is ~1 s).
+const notReadyWait = 10 * time.Second
+
+// awaitNotReady waits up to d until the watch shows pod's Ready condition
+// other than True. It reads the watch's cache only: a slow API server makes
+// the wait end at d, it never adds API calls.
+func (c *Controller) awaitNotReady(ctx context.Context, pod *corev1.Pod, d time.Duration) {
+	c.mu.Lock()
+	lister := c.lister
+	c.mu.Unlock()
+	if lister == nil {
+		return
+	}
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		now, err := lister.Pods(pod.Namespace).Get(pod.Name)
+		if err != nil || now.UID != pod.UID || conditionStatus(now, string(corev1.PodReady)) != corev1.ConditionTrue {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			c.log.Info("pod still Ready after the readiness gate went False; draining anyway",
+				zap.String("pod", pod.Namespace+"/"+pod.Name), zap.Duration("waited", d))
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // follow writes the swap's progress and end to the pod, and after a
