@@ -37,7 +37,7 @@ export KUBE_APISERVER_VERSION="${KUBE_APISERVER_VERSION:-v1.37.2}"
 TOOLS="${INPLACED_TOOLS:-/var/cache/inplaced/tools}"
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SCRATCH="${TMPDIR:-/tmp}"
-APT_PACKAGES=(containerd runc containernetworking-plugins busybox-static skopeo protobuf-compiler iproute2 iptables socat graphviz)
+APT_PACKAGES=(containerd runc containernetworking-plugins busybox-static skopeo protobuf-compiler iproute2 iptables socat graphviz curl)
 
 log() { printf '[install-deps] %s\n' "$*" >&2; }
 # shellcheck source=lib/timing.sh

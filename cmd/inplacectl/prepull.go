@@ -59,16 +59,12 @@ func Prepull(ctx context.Context, c inplacedv1.ControlClient, req *inplacedv1.Pr
 	if err != nil {
 		return err
 	}
-	type recv struct {
-		p   *inplacedv1.PullProgress
-		err error
-	}
-	ch := make(chan recv)
+	ch := make(chan prepullUpdate)
 	go func() {
 		for {
 			p, err := stream.Recv()
 			select {
-			case ch <- recv{p, err}:
+			case ch <- prepullUpdate{p, err}:
 			case <-sctx.Done():
 				return
 			}
@@ -85,6 +81,12 @@ func Prepull(ctx context.Context, c inplacedv1.ControlClient, req *inplacedv1.Pr
 		select {
 		case <-ctx.Done():
 			bar.end()
+			if id == "" {
+				// Ctrl-C before the first update: the daemon's pulls have
+				// begun, but their ID comes with that update. Wait for it
+				// (briefly) rather than leave them running.
+				id = awaitPrepullID(ch, 5*time.Second)
+			}
 			if id != "" {
 				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				_, err := c.CancelPrepull(cctx, &inplacedv1.CancelPrepullRequest{Id: id})
@@ -113,11 +115,39 @@ func Prepull(ctx context.Context, c inplacedv1.ControlClient, req *inplacedv1.Pr
 				bar.update(r.p)
 				continue
 			}
+			// json and yaml alike: one JSON object per line, which a
+			// stream of updates needs (a YAML stream would need separators).
 			b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(r.p)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintln(w, string(b))
+		}
+	}
+}
+
+// prepullUpdate is one receive from the prepull stream.
+type prepullUpdate struct {
+	p   *inplacedv1.PullProgress
+	err error
+}
+
+// awaitPrepullID reads updates until one names the prepull, for at most d;
+// "" when none does (the stream ended or d passed).
+func awaitPrepullID(ch <-chan prepullUpdate, d time.Duration) string {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case r := <-ch:
+			if r.err != nil {
+				return ""
+			}
+			if id := r.p.GetPrepullId(); id != "" {
+				return id
+			}
+		case <-t.C:
+			return ""
 		}
 	}
 }

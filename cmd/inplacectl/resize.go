@@ -109,6 +109,9 @@ func resizeRecordOf(err error) *inplacedv1.ResizeRecord {
 func printResize(w io.Writer, r *inplacedv1.ResizeRecord) {
 	fmt.Fprintf(w, "resize %s of %s/%s/%s (%s): %s via %s in %s\n", r.Id, r.Namespace, r.Pod, r.Container, shortID(r.ContainerId),
 		r.Result, r.Method, time.Duration(r.DurationNs).Round(time.Microsecond))
+	if r.Caller != nil {
+		fmt.Fprintf(w, "  caller: %s\n", callerText(r.Caller))
+	}
 	fmt.Fprintf(w, "  in effect: cpu quota %d/%d, shares %d, memory %d\n", r.InEffect.GetCpuQuota(), r.InEffect.GetCpuPeriod(), r.InEffect.GetCpuShares(), r.InEffect.GetMemoryLimitBytes())
 	if len(r.Repaired) > 0 {
 		fmt.Fprintf(w, "  repaired by inplaced: %s\n", strings.Join(r.Repaired, ", "))

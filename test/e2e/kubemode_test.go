@@ -306,7 +306,7 @@ func (km *kmenv) testUnpullable(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	if l := km.k.LogGrep("cannot be pulled"); len(l) == 0 {
+	if l := km.k.LogGrep("); the old container keeps running. Fix the image reference"); len(l) == 0 {
 		t.Errorf("kubelet's log does not carry inplaced's reason; tail:\n%s", km.k.LogTail(30))
 	} else {
 		t.Logf("kubelet logged inplaced's reason (%d lines), e.g. %s", len(l), l[0])
@@ -324,9 +324,10 @@ func (km *kmenv) testUnpullable(t *testing.T) {
 	if st, _ := containerInfo(t, km.direct, oldID); st.State != runtimeapi.ContainerState_CONTAINER_RUNNING || st.StartedAt != st0.StartedAt {
 		t.Fatalf("after reverting: old container %s", st.State)
 	}
-	// And a pullable image goes in place.
+	// And a pullable image goes in place: same pod, sandbox and IP.
+	sb := km.sandboxOf(t, "stubborn")
 	km.setImage(t, "stubborn", km.imgs.App2)
-	km.cp.WaitPod(t, km.ns, "stubborn", time.Minute, func(p *corev1.Pod) error {
+	after := km.cp.WaitPod(t, km.ns, "stubborn", time.Minute, func(p *corev1.Pod) error {
 		s := appStatus(p)
 		if s == nil || criID(s) == oldID || s.RestartCount != 1 || !s.Ready || s.Image != km.imgs.App2 {
 			return fmt.Errorf("app status %+v", s)
@@ -341,6 +342,12 @@ func (km *kmenv) testUnpullable(t *testing.T) {
 	}
 	if committed != 1 {
 		t.Errorf("%d committed kubelet-driven swaps to %s, want 1", committed, km.imgs.App2)
+	}
+	if after.UID != before.UID || after.Status.PodIP != before.Status.PodIP {
+		t.Errorf("pod changed: UID %s→%s, IP %s→%s", before.UID, after.UID, before.Status.PodIP, after.Status.PodIP)
+	}
+	if now := km.sandboxOf(t, "stubborn"); now != sb {
+		t.Errorf("sandbox changed: %s → %s", short(sb), short(now))
 	}
 }
 
@@ -409,6 +416,7 @@ func (km *kmenv) testAPIServerDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	down := time.Now()
+	downOff := km.logOffset(t)
 	for time.Since(down) < 3*kubeletSync {
 		c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if _, err := km.cri.Runtime.ListContainers(c, &runtimeapi.ListContainersRequest{}); err != nil {
@@ -420,6 +428,22 @@ func (km *kmenv) testAPIServerDown(t *testing.T) {
 		cancel()
 		time.Sleep(200 * time.Millisecond)
 	}
+	// kubelet's own calls in that window (its relists, status and stats
+	// calls; ListPodSandbox is not one of the test's) went through unharmed.
+	kubeletLists, failed := 0, 0
+	for _, r := range km.rpcs(t, downOff) {
+		if r.Method == "ListPodSandbox" {
+			kubeletLists++
+		}
+		if r.Code != "OK" && r.Code != "NotFound" {
+			failed++
+			t.Errorf("%s through inplaced with the API server down: %s", r.Method, r.Code)
+		}
+	}
+	if kubeletLists == 0 {
+		t.Errorf("no ListPodSandbox from kubelet through inplaced in %s with the API server down", 3*kubeletSync)
+	}
+	t.Logf("API server down %s: kubelet made %d ListPodSandbox calls through inplaced, %d calls failed", 3*kubeletSync, kubeletLists, failed)
 	if err := km.cp.StartAPIServer(); err != nil {
 		t.Fatal(err)
 	}

@@ -268,6 +268,10 @@ func testMetrics(t *testing.T, e *env, p *pod, addr, swapID string) []byte {
 	if out, err := e.px.Ctl("swap", p.name, "-n", p.ns, "-c", "app", "--image", e.ctrd.Images.App1+"-missing"); err == nil {
 		t.Fatalf("swap to a missing image committed:\n%s", out)
 	}
+	// The resize names its caller, as the swaps do (the CLI, run as root).
+	if out, err := e.px.Ctl("resizes"); err != nil || !strings.Contains(out, "caller: uid=0") || !strings.Contains(out, "inplacectl") {
+		t.Errorf("inplacectl resizes does not name the caller (uid 0, inplacectl): %v\n%s", err, out)
+	}
 	text, err := exec.Command("curl", "-fsS", "http://"+addr+"/metrics").Output()
 	if err != nil {
 		t.Fatalf("curl metrics: %v", err)
@@ -425,7 +429,9 @@ func testPrepull(t *testing.T, e *env, image string) {
 	if err := ci.Wait(); err == nil || !strings.Contains(cerr.String(), "cancelled") {
 		t.Fatalf("prepull after Ctrl-C: %v %q", err, cerr.String())
 	}
-	time.Sleep(3 * time.Second)
+	// Longer than the whole pull took above: a pull that was not
+	// cancelled would have brought the image by then.
+	time.Sleep(took + 3*time.Second)
 	if size() >= 0 {
 		t.Fatal("the image arrived after the prepull was cancelled")
 	}
