@@ -186,12 +186,12 @@ func (km *kmenv) testAnnotationEnv(t *testing.T) {
 		t.Errorf("the same request ran twice")
 	}
 
-	// A command that crashes: Failed and RolledBack, the old config runs again.
-	crash := `{"container":"app","command":["/app","-exit","3"],"minRuntime":"1s"}`
+	// An image that crashes: Failed and RolledBack, the old config runs again.
+	crash := fmt.Sprintf(`{"container":"app","image":%q,"minRuntime":"1s"}`, km.imgs.Crash)
 	km.requestSwap(t, "gated", crash)
 	st = km.waitStatus(t, "gated", crash, 2*time.Minute)
 	if st.State != kube.StateRolledBack {
-		t.Errorf("crashing command: status %+v, want RolledBack", st)
+		t.Errorf("crashing image: status %+v, want RolledBack", st)
 	}
 	km.cp.WaitPod(t, km.ns, "gated", time.Minute, podReady)
 	eventually(t, 30*time.Second, "the four kinds of events", func() error {

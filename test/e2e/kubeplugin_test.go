@@ -171,16 +171,16 @@ func (km *kmenv) testKubectlPlugin(t *testing.T) {
 		t.Logf("no kubectl on PATH: the plugin ran as kubectl-inplace only")
 	}
 
-	// 2. A command that crashes: the first pod rolls back, the walk halts,
-	// the next pod is untouched.
+	// 2. A new image that crashes: the first pod rolls back, the walk
+	// halts, the next pod is untouched.
 	pl = km.pollNotReady(sel)
-	out, err = km.kubectlInplace(t, "swap", "-l", sel, "-c", "app", "--command", "/app", "--args=-exit", "--args=3",
+	out, err = km.kubectlInplace(t, "swap", "-l", sel, "-c", "app", "--image", km.imgs.Crash,
 		"--min-runtime", "1s", "--max-unavailable", "1", "--timeout", "2m")
 	maxNR, at, samples = pl.end()
-	t.Logf("kubectl-inplace swap -l %s --command /app --args -exit,3 (exit %v):\n%s", sel, err, out)
+	t.Logf("kubectl-inplace swap -l %s --image %s (exit %v):\n%s", sel, km.imgs.Crash, err, out)
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
-		t.Fatalf("a crashing command over %s: exit %v, want non-zero", sel, err)
+		t.Fatalf("a crashing image over %s: exit %v, want non-zero", sel, err)
 	}
 	if !strings.Contains(out, "halted") || !strings.Contains(out, "0 committed, 1 failed, 0 below partition, 2 not started") {
 		t.Errorf("output does not say it halted after one failure")
