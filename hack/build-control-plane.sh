@@ -3,9 +3,11 @@
 # harness (test/harness/controlplane.go) from the Go module proxy:
 #   ${INPLACED_TOOLS:-/var/cache/inplaced/tools}/kube-apiserver-${KUBE_APISERVER_VERSION}/kube-apiserver
 #   ${INPLACED_TOOLS:-/var/cache/inplaced/tools}/etcd-${ETCD_VERSION}/etcd
-# and skips each one that is already there (--force rebuilds both). No
-# scheduler, controller-manager or kubectl: tests bind pods with spec.nodeName
-# and talk to the API with client-go.
+#   ${INPLACED_TOOLS:-/var/cache/inplaced/tools}/kubectl-${KUBE_APISERVER_VERSION}/kubectl
+# and skips each one that is already there (--force rebuilds them). No
+# scheduler or controller-manager: tests bind pods with spec.nodeName and talk
+# to the API with client-go; kubectl is there to run the kubectl-inplace
+# plugin the way users do (`kubectl inplace ...`).
 set -euo pipefail
 
 KUBE_APISERVER_VERSION="${KUBE_APISERVER_VERSION:-v1.37.2}"
@@ -14,6 +16,7 @@ TOOLS="${INPLACED_TOOLS:-/var/cache/inplaced/tools}"
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 APISERVER="${TOOLS}/kube-apiserver-${KUBE_APISERVER_VERSION}/kube-apiserver"
 ETCD="${TOOLS}/etcd-${ETCD_VERSION}/etcd"
+KUBECTL="${TOOLS}/kubectl-${KUBE_APISERVER_VERSION}/kubectl"
 
 log() { printf '[build-control-plane] %s\n' "$*" >&2; }
 # shellcheck source=lib/k8s-build.sh
@@ -66,13 +69,24 @@ else
 	"${ETCD}" --version >&2
 fi
 
+# kube-apiserver and kubectl share most of their packages: one build.
+k8s_cmds=()
 if [[ -x "${APISERVER}" && ${force} == 0 ]]; then
 	log "kube-apiserver ${KUBE_APISERVER_VERSION} present at ${APISERVER}"
 else
+	k8s_cmds+=(k8s.io/kubernetes/cmd/kube-apiserver "${APISERVER}")
+fi
+if [[ -x "${KUBECTL}" && ${force} == 0 ]]; then
+	log "kubectl ${KUBE_APISERVER_VERSION} present at ${KUBECTL}"
+else
+	k8s_cmds+=(k8s.io/kubernetes/cmd/kubectl "${KUBECTL}")
+fi
+if (( ${#k8s_cmds[@]} > 0 )); then
 	start=$(date +%s)
-	log "building kube-apiserver ${KUBE_APISERVER_VERSION}"
-	k8s_build "${KUBE_APISERVER_VERSION}" k8s.io/kubernetes/cmd/kube-apiserver "${APISERVER}"
-	log "built ${APISERVER} in $(( $(date +%s) - start ))s"
-	timing_record kube-apiserver $(( $(date +%s) - start ))
+	log "building ${k8s_cmds[0]##*/}${k8s_cmds[2]:+ and ${k8s_cmds[2]##*/}} ${KUBE_APISERVER_VERSION}"
+	k8s_build "${KUBE_APISERVER_VERSION}" "${k8s_cmds[@]}"
+	log "built in $(( $(date +%s) - start ))s"
+	timing_record kube-apiserver+kubectl $(( $(date +%s) - start ))
 	"${APISERVER}" --version >&2
+	"${KUBECTL}" version --client >&2
 fi

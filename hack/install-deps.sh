@@ -6,7 +6,7 @@
 #       containerd-v2.4.2/bin/{containerd,containerd-shim-runc-v2}
 #       bin/{crictl,critest,protoc-gen-go,protoc-gen-go-grpc,promtool}
 #       kubelet-v1.37.2/kubelet            (only with INPLACED_WITH_KUBELET=1)
-#       kube-apiserver-v1.37.2/kube-apiserver, etcd-v3.6.16/etcd
+#       kube-apiserver-v1.37.2/kube-apiserver, kubectl-v1.37.2/kubectl, etcd-v3.6.16/etcd
 #                                          (only with INPLACED_WITH_KUBELET=1:
 #                                          hack/build-control-plane.sh)
 # Each Go tool has a stamp file holding its version; a changed pin reinstalls it.
@@ -144,21 +144,24 @@ install_critest() {
 	timing_record critest $((SECONDS - start))
 }
 
-# kubelet and kube-apiserver come from the same k8s.io/kubernetes module: when
-# both are missing, one scratch module and one `go build` make both; the build
-# scripts then find them present (and build etcd, or whichever one is missing).
+# kubelet, kube-apiserver and kubectl come from the same k8s.io/kubernetes
+# module: when all are missing, one scratch module and one `go build` make
+# them; the build scripts then find them present (and build etcd, or
+# whichever one is missing).
 install_kubernetes() {
 	local kubelet="${TOOLS}/kubelet-${KUBELET_VERSION}/kubelet"
 	local apiserver="${TOOLS}/kube-apiserver-${KUBE_APISERVER_VERSION}/kube-apiserver"
+	local kubectl="${TOOLS}/kubectl-${KUBE_APISERVER_VERSION}/kubectl"
 	if [[ ! -x ${kubelet} && ! -x ${apiserver} && ${KUBELET_VERSION} == "${KUBE_APISERVER_VERSION}" ]]; then
 		# shellcheck source=lib/k8s-build.sh
 		source "${HACK}/lib/k8s-build.sh"
-		log "building kubelet and kube-apiserver ${KUBELET_VERSION} (one go build)"
+		log "building kubelet, kube-apiserver and kubectl ${KUBELET_VERSION} (one go build)"
 		local start=${SECONDS}
 		k8s_build "${KUBELET_VERSION}" k8s.io/kubernetes/cmd/kubelet "${kubelet}" \
-			k8s.io/kubernetes/cmd/kube-apiserver "${apiserver}"
-		log "kubelet and kube-apiserver ${KUBELET_VERSION} built in $((SECONDS - start))s"
-		timing_record kubelet+kube-apiserver $((SECONDS - start))
+			k8s.io/kubernetes/cmd/kube-apiserver "${apiserver}" \
+			k8s.io/kubernetes/cmd/kubectl "${kubectl}"
+		log "kubelet, kube-apiserver and kubectl ${KUBELET_VERSION} built in $((SECONDS - start))s"
+		timing_record kubelet+kube-apiserver+kubectl $((SECONDS - start))
 		"${kubelet}" --version >&2
 		"${apiserver}" --version >&2
 	fi

@@ -84,6 +84,7 @@ func ControlPlanePrerequisites(tb testing.TB) {
 	for _, t := range []struct{ name, path string }{
 		{"kube-apiserver " + KubeAPIServerVersion, KubeAPIServerPath()},
 		{"etcd " + EtcdVersion, EtcdPath()},
+		{"kubectl " + KubeAPIServerVersion, KubectlPath()},
 	} {
 		Require(tb, t.name, isExecutable(t.path),
 			t.path+" not found; run hack/build-control-plane.sh (or INPLACED_WITH_KUBELET=1 hack/install-deps.sh)")

@@ -96,6 +96,12 @@ func KubeAPIServerPath() string {
 		filepath.Join(ToolsDir(), "kube-apiserver-"+KubeAPIServerVersion, "kube-apiserver"))
 }
 
+// KubectlPath is the kubectl built by hack/build-control-plane.sh
+// ($INPLACED_KUBECTL overrides it).
+func KubectlPath() string {
+	return toolPath("INPLACED_KUBECTL", filepath.Join(ToolsDir(), "kubectl-"+KubeAPIServerVersion, "kubectl"))
+}
+
 // EtcdPath is the etcd built by hack/build-control-plane.sh ($INPLACED_ETCD
 // overrides it).
 func EtcdPath() string {
