@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
@@ -66,6 +68,37 @@ func (g *globals) client() (inplacedv1.ControlClient, func(), error) {
 		return nil, nil, err
 	}
 	return inplacedv1.NewControlClient(conn), func() { conn.Close() }, nil
+}
+
+// newListCommand is a command without arguments that asks inplaced one
+// question, call (a ControlClient method, as inplacedv1.ControlClient.CheckPods)
+// with req, and prints the answer: as JSON or YAML with -o json|yaml, else
+// as table writes it.
+func newListCommand[Req any, Resp proto.Message](g *globals, use, short string,
+	call func(inplacedv1.ControlClient, context.Context, Req, ...grpc.CallOption) (Resp, error), req Req,
+	table func(w io.Writer, resp Resp)) *cobra.Command {
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, done, err := g.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := call(c, cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			if g.output != "table" {
+				return printStructured(w, g.output, resp)
+			}
+			table(w, resp)
+			return nil
+		},
+	}
 }
 
 func ts(ns int64) string {

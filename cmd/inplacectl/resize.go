@@ -122,29 +122,13 @@ func printResize(w io.Writer, r *inplacedv1.ResizeRecord) {
 }
 
 func newResizesCommand(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "resizes",
-		Short: "List resize history",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := c.ListResizes(cmd.Context(), &inplacedv1.ListResizesRequest{})
-			if err != nil {
-				return err
-			}
-			if g.output != "table" {
-				return printStructured(cmd.OutOrStdout(), g.output, resp)
-			}
+	return newListCommand(g, "resizes", "List resize history",
+		inplacedv1.ControlClient.ListResizes, &inplacedv1.ListResizesRequest{},
+		func(w io.Writer, resp *inplacedv1.ListResizesResponse) {
 			for _, r := range resp.Resizes {
-				printResize(cmd.OutOrStdout(), r)
+				printResize(w, r)
 			}
-			return nil
-		},
-	}
+		})
 }
 
 // printStructured prints m as JSON or YAML (the -o formats other than table).

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -37,29 +38,12 @@ func newRevertCommand(g *globals) *cobra.Command {
 }
 
 func newOverridesCommand(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "overrides",
-		Short: "Show, per container, the active sticky override and the swap it comes from",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := c.ListOverrides(cmd.Context(), &inplacedv1.ListOverridesRequest{})
-			if err != nil {
-				return err
-			}
-			w := cmd.OutOrStdout()
-			if g.output != "table" {
-				return printStructured(w, g.output, resp)
-			}
+	return newListCommand(g, "overrides", "Show, per container, the active sticky override and the swap it comes from",
+		inplacedv1.ControlClient.ListOverrides, &inplacedv1.ListOverridesRequest{},
+		func(w io.Writer, resp *inplacedv1.ListOverridesResponse) {
 			fmt.Fprintf(w, "%-40s %-32s %-40s %s\n", "POD/CONTAINER", "SWAP", "IMAGE", "ENV KEYS")
 			for _, o := range resp.Overrides {
 				fmt.Fprintf(w, "%-40s %-32s %-40s %s\n", o.Namespace+"/"+o.Pod+"/"+o.Container, o.SwapId, o.To.GetImage(), strings.Join(o.To.GetEnv(), ","))
 			}
-			return nil
-		},
-	}
+		})
 }

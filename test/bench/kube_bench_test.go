@@ -5,10 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"runtime"
@@ -16,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -90,8 +86,9 @@ type kubeTrial struct {
 	Requests     int `json:"requests"`
 	FailedBefore int `json:"failed_before,omitempty"`
 	OldAfterNew  int `json:"old_after_new,omitempty"`
-	// Errors counts the failed requests by kind ("refused", "timeout",
-	// "reset", "status 503", ...), those in the gap and those before.
+	// Errors counts the failed requests by kind (harness.HTTPErrKind's
+	// "connection refused", "timeout", ..., or "HTTP 503"), those in the
+	// gap and those before.
 	Errors       map[string]int `json:"errors,omitempty"`
 	ErrorsBefore map[string]int `json:"errors_before,omitempty"`
 	// ChangeToNew: the patch (or swap command) issued → the first answer
@@ -425,9 +422,9 @@ func (e *kubeBenchEnv) trial(b *testing.B, cfg string, link benchLink) {
 	pod := e.createPod(b, ctx, name)
 	defer e.deletePod(b, pod)
 	oldID := kubeAppID(pod)
-	poll := startKubePoll(fmt.Sprintf("http://%s:%d/version", pod.Status.PodIP, harness.AppPort))
-	defer poll.stop()
-	if err := poll.wait(kubeOldBody, 30*time.Second); err != nil {
+	poll := harness.StartHTTPPoll(fmt.Sprintf("http://%s:%d/version", pod.Status.PodIP, harness.AppPort), kubePollEvery, kubeOldBody, kubeNewBody)
+	defer poll.Stop()
+	if err := poll.Wait(kubeOldBody, 30*time.Second); err != nil {
 		b.Fatalf("%s: the client never got %q from the pod at %s: %v", name, kubeOldBody, pod.Status.PodIP, err)
 	}
 	began := time.Now()
@@ -439,12 +436,12 @@ func (e *kubeBenchEnv) trial(b *testing.B, cfg string, link benchLink) {
 	} else {
 		e.setImage(b, ctx, name, ref)
 	}
-	if err := poll.wait(kubeNewBody, 4*time.Minute); err != nil {
+	if err := poll.Wait(kubeNewBody, 4*time.Minute); err != nil {
 		b.Fatalf("%s: no answer %q from the new container: %v\n%s", name, kubeNewBody, err, e.diag())
 	}
 	// A little more, to see the old container does not answer again.
 	time.Sleep(100 * time.Millisecond)
-	samples := poll.stop()
+	samples := poll.Stop()
 	tr := kubeTrial{Pod: name}
 	if err := kubeGap(samples, began, &tr); err != nil {
 		b.Fatalf("%s: %v", name, err)
@@ -733,120 +730,16 @@ func kubeAppID(p *corev1.Pod) string {
 	return ""
 }
 
-// kubePoll is a client asking a URL every kubePollEvery, each time on a
-// fresh connection (a kept-alive one would keep talking to the old process).
-type kubePoll struct {
-	mu      sync.Mutex
-	samples []kubeSample
-	seen    map[string]chan struct{}
-	done    chan struct{}
-	exited  chan struct{}
-	once    sync.Once
-}
-
-type kubeSample struct {
-	start, end time.Time
-	body       string // "" when the request failed
-	err        string // why it failed (kubeErrKind)
-}
-
-// kubeErrKind names a failed request's cause briefly.
-func kubeErrKind(err error) string {
-	var ne net.Error
-	switch {
-	case errors.Is(err, syscall.ECONNREFUSED):
-		return "refused"
-	case errors.Is(err, syscall.ECONNRESET):
-		return "reset"
-	case errors.Is(err, syscall.EHOSTUNREACH):
-		return "unreachable"
-	case errors.As(err, &ne) && ne.Timeout():
-		return "timeout"
-	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
-		return "eof"
-	}
-	return "other"
-}
-
-func startKubePoll(url string) *kubePoll {
-	p := &kubePoll{seen: map[string]chan struct{}{}, done: make(chan struct{}), exited: make(chan struct{})}
-	for _, body := range []string{kubeOldBody, kubeNewBody} {
-		p.seen[body] = make(chan struct{})
-	}
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	go func() {
-		defer close(p.exited)
-		for {
-			s := kubeSample{start: time.Now()}
-			resp, err := client.Get(url)
-			if err == nil {
-				var data []byte
-				data, err = io.ReadAll(io.LimitReader(resp.Body, 256))
-				resp.Body.Close()
-				switch {
-				case err != nil:
-					s.err = kubeErrKind(err)
-				case resp.StatusCode != http.StatusOK:
-					s.err = "status " + strconv.Itoa(resp.StatusCode)
-				default:
-					s.body = strings.TrimSpace(string(data))
-				}
-			} else {
-				s.err = kubeErrKind(err)
-			}
-			s.end = time.Now()
-			p.mu.Lock()
-			p.samples = append(p.samples, s)
-			if ch, ok := p.seen[s.body]; ok {
-				close(ch)
-				delete(p.seen, s.body)
-			}
-			p.mu.Unlock()
-			select {
-			case <-p.done:
-				return
-			case <-time.After(time.Until(s.start.Add(kubePollEvery))):
-			}
-		}
-	}()
-	return p
-}
-
-// wait returns once an answer body has come.
-func (p *kubePoll) wait(body string, timeout time.Duration) error {
-	p.mu.Lock()
-	ch, ok := p.seen[body]
-	p.mu.Unlock()
-	if !ok {
-		return nil
-	}
-	select {
-	case <-ch:
-		return nil
-	case <-time.After(timeout):
-		return fmt.Errorf("not within %s", timeout)
-	}
-}
-
-// stop ends the polling and returns the samples.
-func (p *kubePoll) stop() []kubeSample {
-	p.once.Do(func() { close(p.done) })
-	<-p.exited
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.samples
-}
-
 // kubeGap fills tr's client-side figures from the samples of a change that
 // began at began.
-func kubeGap(samples []kubeSample, began time.Time, tr *kubeTrial) error {
-	iNew := slices.IndexFunc(samples, func(s kubeSample) bool { return s.body == kubeNewBody })
+func kubeGap(samples []harness.HTTPSample, began time.Time, tr *kubeTrial) error {
+	iNew := slices.IndexFunc(samples, func(s harness.HTTPSample) bool { return s.Body == kubeNewBody })
 	if iNew < 0 {
 		return errors.New("no answer from the new container")
 	}
 	iOld := -1
 	for i := iNew - 1; i >= 0; i-- {
-		if samples[i].body == kubeOldBody {
+		if samples[i].Body == kubeOldBody {
 			iOld = i
 			break
 		}
@@ -857,22 +750,22 @@ func kubeGap(samples []kubeSample, began time.Time, tr *kubeTrial) error {
 	tr.Requests = len(samples)
 	for i, s := range samples {
 		switch {
-		case s.body == "" && i < iOld:
+		case s.Body == "" && i < iOld:
 			tr.FailedBefore++
-			kubeCount(&tr.ErrorsBefore, s.err)
-		case s.body == "" && i > iOld && i < iNew:
+			kubeCount(&tr.ErrorsBefore, s.Err)
+		case s.Body == "" && i > iOld && i < iNew:
 			tr.Failed++
-			kubeCount(&tr.Errors, s.err)
-		case s.body == kubeOldBody && i > iNew:
+			kubeCount(&tr.Errors, s.Err)
+		case s.Body == kubeOldBody && i > iNew:
 			tr.OldAfterNew++
 		}
 	}
-	from := samples[iOld].end
+	from := samples[iOld].End
 	if tr.Failed > 0 {
-		from = samples[iOld+1].start
+		from = samples[iOld+1].Start
 	}
-	tr.ClientGap = int64(samples[iNew].end.Sub(from))
-	tr.ChangeToNew = int64(samples[iNew].end.Sub(began))
+	tr.ClientGap = int64(samples[iNew].End.Sub(from))
+	tr.ChangeToNew = int64(samples[iNew].End.Sub(began))
 	return nil
 }
 
@@ -883,7 +776,7 @@ func kubeCount(m *map[string]int, k string) {
 	(*m)[k]++
 }
 
-// kubeFmtCounts is "refused 80, timeout 3".
+// kubeFmtCounts is "connection refused 80, timeout 3".
 func kubeFmtCounts(m map[string]int) string {
 	var out []string
 	for _, k := range slices.Sorted(maps.Keys(m)) {

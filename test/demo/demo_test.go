@@ -91,11 +91,11 @@ func TestDemo(t *testing.T) {
 	// It starts once the app answers: requests before the app listens are
 	// not the swap's.
 	url := fmt.Sprintf("http://%s:%d/version", ip, harness.AppPort)
-	if err := waitAnswer(url, "v1", 10*time.Second); err != nil {
+	if err := harness.WaitHTTPAnswer(url, "v1", 10*time.Second); err != nil {
 		t.Fatalf("GET %s before the swap: %v", url, err)
 	}
-	poll := startPoll(url, pollEvery, "v1", "v2")
-	defer poll.stop()
+	poll := harness.StartHTTPPoll(url, pollEvery, "v1", "v2")
+	defer poll.Stop()
 	say("a client polls GET %s every %s, each request on a new connection; it is answered v1", url, pollEvery)
 
 	swapArgs := []string{"swap", "demo", "-n", "default", "-c", "app", "--image", c.Images.App2, "--env", "GREETING=hello",
@@ -105,11 +105,11 @@ func TestDemo(t *testing.T) {
 	if err != nil {
 		t.Fatalf("swap: %v", err)
 	}
-	if err := poll.wait("v2", 10*time.Second); err != nil {
+	if err := poll.Wait("v2", 10*time.Second); err != nil {
 		t.Fatalf("GET %s after the swap: %v", url, err)
 	}
 	time.Sleep(time.Second) // the client keeps asking the new container a while
-	samples := poll.stop()
+	samples := poll.Stop()
 	newIP := crictl("inspectp", "-o", "go-template", "--template", "{{.status.network.ip}}", podID)
 	r, err := analyze(samples, "v1", "v2")
 	if err != nil {

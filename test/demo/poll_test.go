@@ -1,141 +1,14 @@
 package demo
 
 import (
-	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/inplaced/inplaced/test/harness"
 )
-
-// sample is one request of the polling client.
-type sample struct {
-	start, end time.Time
-	body       string // the answer; "" when the request failed
-	err        string // why it failed
-}
-
-// poller asks one URL for an answer every interval, each request on a new
-// connection (so a port nobody listens on shows as a refused connection,
-// as a fresh client would see it), one request at a time.
-type poller struct {
-	mu      sync.Mutex
-	samples []sample
-	seen    map[string]chan struct{} // closed at the first answer with that body
-	done    chan struct{}
-	exited  chan struct{}
-	once    sync.Once
-}
-
-func startPoll(url string, every time.Duration, bodies ...string) *poller {
-	p := &poller{seen: map[string]chan struct{}{}, done: make(chan struct{}), exited: make(chan struct{})}
-	for _, b := range bodies {
-		p.seen[b] = make(chan struct{})
-	}
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	go func() {
-		defer close(p.exited)
-		for {
-			s := sample{start: time.Now()}
-			s.body, s.err = get(client, url)
-			s.end = time.Now()
-			p.mu.Lock()
-			p.samples = append(p.samples, s)
-			if ch, ok := p.seen[s.body]; ok {
-				close(ch)
-				delete(p.seen, s.body)
-			}
-			p.mu.Unlock()
-			select {
-			case <-p.done:
-				return
-			case <-time.After(time.Until(s.start.Add(every))):
-			}
-		}
-	}()
-	return p
-}
-
-func get(client *http.Client, url string) (body, failure string) {
-	resp, err := client.Get(url)
-	if err != nil {
-		return "", errKind(err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 256))
-	switch {
-	case err != nil:
-		return "", errKind(err)
-	case resp.StatusCode != http.StatusOK:
-		return "", "HTTP " + strconv.Itoa(resp.StatusCode)
-	}
-	return strings.TrimSpace(string(data)), ""
-}
-
-// errKind names a failed request's cause in a word or two.
-func errKind(err error) string {
-	var ne net.Error
-	switch {
-	case errors.Is(err, syscall.ECONNREFUSED):
-		return "connection refused"
-	case errors.Is(err, syscall.ECONNRESET):
-		return "connection reset"
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		return "connection closed"
-	case errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
-		return "timeout"
-	}
-	return err.Error()
-}
-
-// waitAnswer asks url until it answers body, for at most timeout.
-func waitAnswer(url, body string, timeout time.Duration) error {
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	deadline := time.Now().Add(timeout)
-	for {
-		got, failure := get(client, url)
-		if got == body {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("no answer %q within %s (last: %q %s)", body, timeout, got, failure)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// wait returns once an answer body has come, or an error after timeout.
-func (p *poller) wait(body string, timeout time.Duration) error {
-	p.mu.Lock()
-	ch, ok := p.seen[body]
-	p.mu.Unlock()
-	if !ok {
-		return nil
-	}
-	select {
-	case <-ch:
-		return nil
-	case <-time.After(timeout):
-		return fmt.Errorf("no answer %q within %s", body, timeout)
-	}
-}
-
-// stop ends the polling and returns the samples in order.
-func (p *poller) stop() []sample {
-	p.once.Do(func() { close(p.done) })
-	<-p.exited
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return slices.Clone(p.samples)
-}
 
 // gapReport is what the client saw of a change from the answer oldBody to
 // the answer newBody.
@@ -158,15 +31,15 @@ type gapReport struct {
 // analyze reads the samples of one change. It fails when there is no
 // answer from the old or the new container, when the old one answers
 // after the new one did, or when something else answers.
-func analyze(samples []sample, oldBody, newBody string) (gapReport, error) {
+func analyze(samples []harness.HTTPSample, oldBody, newBody string) (gapReport, error) {
 	r := gapReport{Requests: len(samples), Causes: map[string]int{}}
-	iNew := slices.IndexFunc(samples, func(s sample) bool { return s.body == newBody })
+	iNew := slices.IndexFunc(samples, func(s harness.HTTPSample) bool { return s.Body == newBody })
 	if iNew < 0 {
 		return r, fmt.Errorf("no answer %q from the new container", newBody)
 	}
 	iOld := -1
 	for i := iNew - 1; i >= 0; i-- {
-		if samples[i].body == oldBody {
+		if samples[i].Body == oldBody {
 			iOld = i
 			break
 		}
@@ -176,10 +49,10 @@ func analyze(samples []sample, oldBody, newBody string) (gapReport, error) {
 	}
 	var lastAnswer time.Time
 	for i, s := range samples {
-		switch s.body {
+		switch s.Body {
 		case "":
 			r.Failed++
-			r.Causes[s.err]++
+			r.Causes[s.Err]++
 			if i > iOld && i < iNew {
 				r.FailedInGap++
 			} else {
@@ -194,15 +67,15 @@ func analyze(samples []sample, oldBody, newBody string) (gapReport, error) {
 		case newBody:
 			r.AnsweredNew++
 		default:
-			return r, fmt.Errorf("request %d answered %q, neither %q nor %q", i+1, s.body, oldBody, newBody)
+			return r, fmt.Errorf("request %d answered %q, neither %q nor %q", i+1, s.Body, oldBody, newBody)
 		}
 		r.Answered++
 		if !lastAnswer.IsZero() {
-			r.Longest = max(r.Longest, s.end.Sub(lastAnswer))
+			r.Longest = max(r.Longest, s.End.Sub(lastAnswer))
 		}
-		lastAnswer = s.end
+		lastAnswer = s.End
 	}
-	r.Gap = samples[iNew].end.Sub(samples[iOld].end)
+	r.Gap = samples[iNew].End.Sub(samples[iOld].End)
 	return r, nil
 }
 
@@ -226,27 +99,27 @@ func (r gapReport) causes() string {
 // TestAnalyze: the figures the demo prints and fails on, without a pod.
 func TestAnalyze(t *testing.T) {
 	t0 := time.Unix(1000, 0)
-	seq := func(spec ...string) []sample {
+	seq := func(spec ...string) []harness.HTTPSample {
 		// Each request takes 1 ms and starts 10 ms after the previous one;
 		// "!" is a refused connection, "~" a timeout of 1 s.
-		var out []sample
+		var out []harness.HTTPSample
 		at := t0
 		for _, b := range spec {
-			s := sample{start: at, end: at.Add(time.Millisecond), body: b}
+			s := harness.HTTPSample{Start: at, End: at.Add(time.Millisecond), Body: b}
 			switch b {
 			case "!":
-				s.body, s.err = "", "connection refused"
+				s.Body, s.Err = "", "connection refused"
 			case "~":
-				s.body, s.err, s.end = "", "timeout", at.Add(time.Second)
+				s.Body, s.Err, s.End = "", "timeout", at.Add(time.Second)
 			}
 			out = append(out, s)
-			at = s.end.Add(9 * time.Millisecond)
+			at = s.End.Add(9 * time.Millisecond)
 		}
 		return out
 	}
 	for _, tc := range []struct {
 		name    string
-		samples []sample
+		samples []harness.HTTPSample
 		want    gapReport
 		wantErr string
 	}{

@@ -367,7 +367,7 @@ func (c *Containerd) close() error {
 	}
 	if c.tb.Failed() {
 		c.tb.Logf("containerd %s log (last 60 lines):\n%s", c.Backend, c.LogTail(60))
-		c.saveArtifacts()
+		saveArtifacts(c.tb, "-"+string(c.Backend)+"-"+filepath.Base(c.Dir), c.LogPath, c.ConfigPath)
 	}
 	if err := c.Stop(); err != nil {
 		errs = append(errs, err)
@@ -452,18 +452,21 @@ func retry(ctx context.Context, f func() error) error {
 	return err
 }
 
-// saveArtifacts copies containerd's log and config to $INPLACED_ARTIFACTS, if set.
-func (c *Containerd) saveArtifacts() {
+// saveArtifacts copies files to $INPLACED_ARTIFACTS, if set, into a folder
+// named after the test (slashes and spaces made underscores) and suffix:
+// e.g. "<test>-kubelet-<dir>". Failures are ignored: the artifacts are a help,
+// the test has already failed.
+func saveArtifacts(tb testing.TB, suffix string, files ...string) {
 	dst := os.Getenv("INPLACED_ARTIFACTS")
 	if dst == "" {
 		return
 	}
-	name := strings.NewReplacer("/", "_", " ", "_").Replace(c.tb.Name()) + "-" + string(c.Backend) + "-" + filepath.Base(c.Dir)
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(tb.Name()) + suffix
 	dir := filepath.Join(dst, name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return
 	}
-	for _, f := range []string{c.LogPath, c.ConfigPath} {
+	for _, f := range files {
 		_ = copyFile(f, filepath.Join(dir, filepath.Base(f)))
 	}
 }

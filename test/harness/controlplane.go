@@ -631,7 +631,7 @@ func (cp *ControlPlane) close() error {
 	if cp.tb.Failed() {
 		cp.tb.Logf("kube-apiserver log (last 40 lines):\n%s", cp.APIServerLogTail(40))
 		cp.tb.Logf("etcd log (last 20 lines):\n%s", cp.EtcdLogTail(20))
-		cp.saveArtifacts()
+		saveArtifacts(cp.tb, "-controlplane-"+filepath.Base(cp.Dir), cp.EtcdLogPath, cp.APIServerLogPath)
 	}
 	cp.mu.Lock()
 	apisrv, etcd := cp.apisrv, cp.etcd
@@ -663,20 +663,4 @@ func (cp *ControlPlane) Leftovers() []string {
 		out = append(out, "dir "+cp.Dir)
 	}
 	return out
-}
-
-// saveArtifacts copies both logs to $INPLACED_ARTIFACTS, if set.
-func (cp *ControlPlane) saveArtifacts() {
-	dst := os.Getenv("INPLACED_ARTIFACTS")
-	if dst == "" {
-		return
-	}
-	name := strings.NewReplacer("/", "_", " ", "_").Replace(cp.tb.Name()) + "-controlplane-" + filepath.Base(cp.Dir)
-	dir := filepath.Join(dst, name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return
-	}
-	for _, f := range []string{cp.EtcdLogPath, cp.APIServerLogPath} {
-		_ = copyFile(f, filepath.Join(dir, filepath.Base(f)))
-	}
 }

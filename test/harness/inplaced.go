@@ -88,12 +88,7 @@ func StartInplaced(tb testing.TB, backendEndpoint string, env ...string) *Inplac
 		_ = d.Stop()
 		if tb.Failed() {
 			tb.Logf("inplaced log tail:\n%s", d.LogTail(60))
-			if dst := os.Getenv("INPLACED_ARTIFACTS"); dst != "" {
-				name := strings.NewReplacer("/", "_", " ", "_").Replace(tb.Name()) + "-" + filepath.Base(dir)
-				if err := os.MkdirAll(filepath.Join(dst, name), 0o755); err == nil {
-					_ = copyFile(d.LogPath, filepath.Join(dst, name, "inplaced.log"))
-				}
-			}
+			saveArtifacts(tb, "-"+filepath.Base(dir), d.LogPath) // d.LogPath is <dir>/inplaced.log
 		}
 		_ = os.RemoveAll(dir)
 	})

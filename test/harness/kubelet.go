@@ -799,7 +799,7 @@ func (k *Kubelet) close() error {
 	var errs []error
 	if k.tb.Failed() {
 		k.tb.Logf("kubelet log (last 80 lines):\n%s", k.LogTail(80))
-		k.saveArtifacts()
+		saveArtifacts(k.tb, "-kubelet-"+filepath.Base(k.Dir), k.LogPath, k.ConfigPath)
 	}
 	uids := k.podUIDs()
 	k.Stop()
@@ -1057,20 +1057,4 @@ func (k *Kubelet) Leftovers() []string {
 func exists(p string) bool {
 	_, err := os.Lstat(p)
 	return err == nil
-}
-
-// saveArtifacts copies kubelet's log and config to $INPLACED_ARTIFACTS.
-func (k *Kubelet) saveArtifacts() {
-	dst := os.Getenv("INPLACED_ARTIFACTS")
-	if dst == "" {
-		return
-	}
-	name := strings.NewReplacer("/", "_", " ", "_").Replace(k.tb.Name()) + "-kubelet-" + filepath.Base(k.Dir)
-	dir := filepath.Join(dst, name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return
-	}
-	for _, f := range []string{k.LogPath, k.ConfigPath} {
-		_ = copyFile(f, filepath.Join(dir, filepath.Base(f)))
-	}
 }
