@@ -265,3 +265,40 @@ func FuzzRouter(f *testing.F) {
 		exchange(t, sock, in)
 	})
 }
+
+// TestGoAwayAfterAQuietSpell: a protocol error that comes long after the
+// relay last wrote (a slow peer, a huge header block) still gets its
+// GOAWAY: the write of it has a deadline of its own, not the one left by
+// the last flush. (CI under load: a 16 MiB header took 31 s to arrive and
+// the GOAWAY was lost to the 30 s deadline of the SETTINGS flush.)
+func TestGoAwayAfterAQuietSpell(t *testing.T) {
+	const quick = 300 * time.Millisecond
+	s := start(t, nil, func(r *Relay) { r.ioTimeout = quick })
+	sock := s.client.Target()[len("unix://"):]
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * quick) // the relay's SETTINGS flush and its deadline are long past
+	if _, err := c.Write(newFrames().raw(http2.FrameData, 0, 0, []byte("x")).Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(io.Discard, c)
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("connection closed without GOAWAY: %v", err)
+		}
+		if g, ok := f.(*http2.GoAwayFrame); ok {
+			if g.ErrCode != http2.ErrCodeProtocol {
+				t.Fatalf("GOAWAY %v, want PROTOCOL_ERROR", g.ErrCode)
+			}
+			return
+		}
+	}
+}

@@ -48,6 +48,9 @@ type Relay struct {
 	log     *zap.Logger
 	debug   bool // the log wants every call, with the IDs decoded from it
 	observe Observer
+	// ioTimeout bounds a write to a peer that does not read, and the
+	// caller's preface (the const ioTimeout; tests shorten it).
+	ioTimeout time.Duration
 
 	drainOnce sync.Once
 	drain     chan struct{} // closed on shutdown: streams end
@@ -90,7 +93,8 @@ func (r *Relay) gatedOff(method string) bool {
 
 // New returns a relay to the runtime backend conn.
 func New(runtime *grpc.ClientConn, opts ...Option) *Relay {
-	r := &Relay{runtime: runtime, table: Table{}, filters: map[string]StreamFilter{}, gates: map[string]func() bool{}, log: zap.NewNop(), drain: make(chan struct{})}
+	r := &Relay{runtime: runtime, table: Table{}, filters: map[string]StreamFilter{}, gates: map[string]func() bool{}, log: zap.NewNop(), drain: make(chan struct{}),
+		ioTimeout: ioTimeout}
 	for _, o := range opts {
 		o(r)
 	}

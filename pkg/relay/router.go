@@ -54,10 +54,11 @@ const (
 	maxHeaderList = 16 << 20
 	// maxStreams bounds a caller connection's concurrent streams.
 	maxStreams = 1000
-	// ioTimeout bounds a write to a peer that does not read, and the
-	// caller's connection preface.
-	ioTimeout = 30 * time.Second
 )
+
+// ioTimeout bounds a write to a peer that does not read, and the caller's
+// connection preface (Relay.ioTimeout, which tests shorten).
+const ioTimeout = 30 * time.Second
 
 // Observer is told about every relayed call when it ends: its method, the
 // gRPC status code it ended with (the backend's, or the relay's own) and how
@@ -320,7 +321,7 @@ func newPeer(kind int, c net.Conn) *peer {
 func (s *session) serve() {
 	defer s.srv.sessionDone(s)
 	p := s.down
-	_ = p.conn.SetReadDeadline(time.Now().Add(ioTimeout))
+	_ = p.conn.SetReadDeadline(time.Now().Add(s.r.ioTimeout))
 	var preface [len(http2.ClientPreface)]byte
 	if _, err := io.ReadFull(p.br, preface[:]); err != nil || string(preface[:]) != http2.ClientPreface {
 		p.conn.Close()
@@ -420,6 +421,9 @@ func (s *session) fail(p *peer, err error) {
 			last = 0 // we never open streams towards an upstream peer's side
 		}
 		_ = p.fr.WriteGoAway(last, code, nil)
+		// A fresh deadline: the one left by the last flush may be long past
+		// when a slow peer's frame (a 16 MiB header block) ends in an error.
+		_ = p.conn.SetWriteDeadline(time.Now().Add(s.r.ioTimeout))
 		_ = p.bw.Flush()
 	}
 	if p.kind == down {
@@ -507,7 +511,7 @@ func (s *session) flush() {
 			return
 		}
 		p.dirty = false
-		_ = p.conn.SetWriteDeadline(time.Now().Add(ioTimeout))
+		_ = p.conn.SetWriteDeadline(time.Now().Add(s.r.ioTimeout))
 		if err := p.bw.Flush(); err != nil {
 			if p.kind == down {
 				s.closeLocked()
