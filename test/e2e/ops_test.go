@@ -54,6 +54,7 @@ func TestOperatorView(t *testing.T) {
 			metrics := testMetrics(t, e, p, metricsAddr, swapID)
 			large := link + strings.TrimPrefix(c.Images.Large, reg.Addr)
 			testPrepull(t, e, large)
+			testSwapPullProgress(t, e, p, large)
 			promtoolCheck(t, metrics)
 		})
 	}
@@ -436,4 +437,39 @@ func testPrepull(t *testing.T, e *env, image string) {
 		t.Fatal("the image arrived after the prepull was cancelled")
 	}
 	_ = context.Background
+}
+
+// testSwapPullProgress: the pull step of `inplacectl swap` shows the same
+// progress as prepull (off a terminal, one line per update): byte counts
+// that grow to the image's size, then the swap commits. The image is not
+// on the node (testPrepull's cancelled pull left it absent).
+func testSwapPullProgress(t *testing.T, e *env, p *pod, image string) {
+	out, err := e.px.Ctl("swap", p.name, "-n", p.ns, "-c", "app", "--image", image)
+	if err != nil {
+		t.Fatalf("swap to %s: %v\n%s", image, err, out)
+	}
+	var counts []float64
+	var last string
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, "  pull ") {
+			continue
+		}
+		if m := progressRe.FindStringSubmatch(line); m != nil {
+			v, _ := strconv.ParseFloat(m[1], 64)
+			if len(counts) > 0 && v < counts[len(counts)-1] {
+				t.Errorf("swap's pull progress went back: %v then %v", counts[len(counts)-1], v)
+			}
+			counts = append(counts, v)
+			last = line
+		}
+	}
+	st, err := e.direct.Image.ImageStatus(ctx(t), &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: image}})
+	if err != nil || st.Image == nil {
+		t.Fatalf("image %s not on the node after the swap: %v", image, err)
+	}
+	want := fmt.Sprintf("%.1f/%.1f MiB", float64(st.Image.Size)/(1<<20), float64(st.Image.Size)/(1<<20))
+	t.Logf("inplacectl swap: %d pull progress lines; last: %s", len(counts), strings.TrimSpace(last))
+	if len(counts) < 5 || counts[0] >= counts[len(counts)-1] || !strings.Contains(last, want) || !strings.Contains(out, "COMMITTED") {
+		t.Fatalf("swap's pull progress: %d lines %v, last %q, want ≥ 5 growing to %s and COMMITTED\n%s", len(counts), counts, last, want, out)
+	}
 }
