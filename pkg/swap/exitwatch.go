@@ -43,57 +43,24 @@ func watchExit(ctx context.Context, rt runtimeapi.RuntimeServiceClient, id strin
 	if err != nil || st.GetStatus().GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
 		return nil
 	}
-	pid := taskPid(st)
-	if pid <= 0 {
+	var info struct {
+		Pid int `json:"pid"`
+	}
+	if json.Unmarshal([]byte(st.GetInfo()["info"]), &info) != nil || info.Pid <= 0 {
 		return nil
 	}
-	fd, err := unix.PidfdOpen(pid, 0)
+	fd, err := unix.PidfdOpen(info.Pid, 0)
 	if err != nil {
 		return nil
 	}
 	// The pidfd pins this process, not whatever gets the number later; the
 	// process is the container's if its cgroup path names the container.
-	procs := cgroupProcs(pid, id)
+	procs := cgroupProcs(info.Pid, id)
 	if procs == "" {
 		unix.Close(fd)
 		return nil
 	}
 	return &exitWatch{pidfd: fd, procs: procs}
-}
-
-// taskPid is the container's main process as the runtime's verbose status
-// names it (containerd's "info"), 0 when it does not.
-func taskPid(st *runtimeapi.ContainerStatusResponse) int {
-	var info struct {
-		Pid int `json:"pid"`
-	}
-	if json.Unmarshal([]byte(st.GetInfo()["info"]), &info) != nil {
-		return 0
-	}
-	return info.Pid
-}
-
-// processGone reports whether container id, which the runtime still calls
-// running, has lost its main process (the runtime is tearing it down). An
-// unknown pid counts as alive.
-func processGone(ctx context.Context, rt runtimeapi.RuntimeServiceClient, id string) bool {
-	st, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
-	if err != nil {
-		return false
-	}
-	pid := taskPid(st)
-	if pid <= 0 {
-		return false
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	// The state follows the command in parentheses: Z is a zombie.
-	if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'Z' {
-		return true
-	}
-	return false
 }
 
 // cgroupProcs is the cgroup.procs file of pid's cgroup, if that cgroup's

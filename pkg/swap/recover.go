@@ -44,11 +44,6 @@ func (e *Engine) Recover(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// recoverStopTimeout is the grace a stop that recovery finishes gives the
-// old container (kubelet's default terminationGracePeriodSeconds): the
-// journal does not keep the pod's own.
-const recoverStopTimeout = 30
-
 func (e *Engine) recoverOne(ctx context.Context, j *store.JournalEntry) error {
 	rec := &inplacedv1.SwapRecord{}
 	oldReq := &runtimeapi.CreateContainerRequest{}
@@ -128,22 +123,6 @@ func (e *Engine) recoverOne(ctx context.Context, j *store.JournalEntry) error {
 	}
 	if newC != nil {
 		remove(newC.Id)
-	}
-	if j.Step == store.StepStopOld {
-		// The swap's stop step ends as soon as the old processes are gone,
-		// while containerd is still tearing the task down and reports it
-		// running. If its process is gone, settle the stop, then decide on
-		// a container that is not about to exit: the old configuration is
-		// recreated below. A live process means the stop had not begun: it
-		// runs on.
-		for _, c := range same {
-			if c.Id == j.OldContainerID && c.State == runtimeapi.ContainerState_CONTAINER_RUNNING && processGone(ctx, e.rt, c.Id) {
-				if _, err := e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: c.Id, Timeout: recoverStopTimeout}); err != nil {
-					return fmt.Errorf("finish the old container's stop: %w", err)
-				}
-				c.State = runtimeapi.ContainerState_CONTAINER_EXITED
-			}
-		}
 	}
 	// The newest running container of the name (the old one if the swap
 	// never stopped it, or a rollback container) is what runs.
