@@ -275,39 +275,16 @@ func (r *run) execute(ctx context.Context) {
 	}
 
 	r.fence.Mask(r.e.fences, r.t.status, r.t.container)
-	// The stop runs on; the step ends when containerd answers it or, sooner,
-	// when the old processes are gone (exitWatch): the new container starts
-	// while containerd still tears the old task down. The stop's answer is
-	// collected before anything depends on it (stopAnswered).
-	stopAnswer := make(chan error, 1)
-	stopAnswered := func() error { err := <-stopAnswer; stopAnswer <- err; return err }
-	early := false
 	err = r.step(StepStopOld, store.StepStopOld, func() error {
 		timeout := stopTimeout(grace, r.e.now().Sub(preStopStart))
 		if r.kube != nil {
 			timeout = r.kube.stopTimeout // kubelet already ran preStop and took its time off
 		}
-		w := watchExit(ctx, r.e.rt, r.t.container.Id)
-		answered := make(chan struct{})
-		go func() {
-			_, err := runToEnd(ctx, func(ctx context.Context) (*runtimeapi.StopContainerResponse, error) {
-				return r.e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: r.t.container.Id, Timeout: timeout})
-			})
-			stopAnswer <- err
-			close(answered)
-		}()
-		if w != nil {
-			defer w.close()
-			if w.wait(answered) {
-				early = true
-				return nil
-			}
-		}
-		return stopAnswered()
+		_, err := runToEnd(ctx, func(ctx context.Context) (*runtimeapi.StopContainerResponse, error) {
+			return r.e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: r.t.container.Id, Timeout: timeout})
+		})
+		return err
 	})
-	if early {
-		r.log.Debug("old container's processes gone before its stop was answered; starting the new one now")
-	}
 	stopped = err == nil
 	// Downtime as the issue defines it: old container stopped → new
 	// container running. The stop itself (the app's own graceful shutdown)
@@ -318,7 +295,6 @@ func (r *run) execute(ctx context.Context) {
 		return
 	}
 	if ctx.Err() != nil {
-		_ = stopAnswered() // the rollback restarts the old config: the stop must be over
 		r.fail(ctx, &out, newID, errors.New("aborted after the old container was stopped"))
 		return
 	}
@@ -329,11 +305,6 @@ func (r *run) execute(ctx context.Context) {
 		return err
 	})
 	r.rec.DowntimeNs = int64(r.e.now().Sub(downStart))
-	if serr := stopAnswered(); serr != nil {
-		// The old processes were gone, yet containerd reported the stop as
-		// failed: say so; the old container is not running either way.
-		r.log.Warn("stop of the old container answered with an error after its processes had exited", zap.Error(serr))
-	}
 	if err != nil {
 		r.fail(ctx, &out, newID, fmt.Errorf("start new container: %w", err))
 		return
