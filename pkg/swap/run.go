@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -253,7 +254,13 @@ func (r *run) execute(ctx context.Context) {
 		}
 		r.rec.NewContainerId = newID
 		r.j.NewContainerID = newID
-		return r.e.store.PutContainer(newID, r.newReq)
+		if err := r.e.store.PutContainer(newID, r.newReq); err != nil {
+			return err
+		}
+		if r.change.Image != nil {
+			r.flushPulled()
+		}
+		return nil
 	})
 	if err != nil {
 		r.abandon(ctx, &out, newID, fmt.Errorf("create new container: %w", err))
@@ -340,6 +347,21 @@ func (r *run) execute(ctx context.Context) {
 	out = fence.Outcome{RunningID: newID, Committed: true}
 	r.rec.RunningContainerId = newID
 	r.finish(out, inplacedv1.SwapState_SWAP_STATE_COMMITTED, nil)
+}
+
+// flushPulled writes back what the pull and the create left dirty in the
+// page cache, while the old container still serves. Stopping the old
+// container unmounts its overlay rootfs, and that unmount syncs the whole
+// filesystem underneath (overlayfs' sync_fs): a freshly pulled image's
+// pages would otherwise be written back inside the downtime. make bench
+// measured it there at 250–450 ms of a 300–515 ms downtime with the 100 MiB
+// image (containerd answered StopContainer that long after the old process
+// exited). sync(2) because inplaced does not know where the runtime keeps
+// its content; it is part of the create-new step's time.
+func (r *run) flushPulled() {
+	start := r.e.now()
+	unix.Sync()
+	r.log.Debug("flushed the pulled image before the stop", zap.Duration("took", r.e.now().Sub(start)))
 }
 
 // runToEnd makes a runtime call that an abort must not cut short. containerd
