@@ -43,8 +43,10 @@ test-e2e: build
 
 # The node guest (docs/node.md): Debian 12 under QEMU (TCG) with systemd as
 # PID 1, cgroup v2, containerd with SystemdCgroup = true and kubelet with the
-# systemd cgroup driver; inplaced installed as the README says. The image is
-# built once by hack/vm/build-image.sh and cached under $(INPLACED_VM_CACHE).
+# systemd cgroup driver, registered as a Node to a kube-apiserver the test
+# starts on the host (the guest's only network); inplaced installed as the
+# README says. The image is built once by hack/vm/build-image.sh and cached
+# under $(INPLACED_VM_CACHE).
 # The guest's output and console stay in _output/node-*.log.
 NODE_TIMEOUT ?= 45m
 test-node: build

@@ -6,12 +6,25 @@
 // back on a serial port and is printed here, prefixed "guest| "; a failed
 // guest test fails TestNode.
 //
+// The guest's kubelet is a registered Node of a real control plane (etcd and
+// kube-apiserver v1.37.2, harness.StartControlPlane) that this test starts on
+// the host's loopback for each boot. The guest's only network is QEMU user
+// networking with restrict=on: no route to the host or the outside, except
+// one forward, 10.0.2.100:6443 in the guest to the API server's port, relayed
+// by this test binary itself (TestMain, INPLACED_NODE_FORWARD). The node's and
+// an admin kubeconfig reach the guest in the payload.
+//
+// Every suite's output is checked, not only its exit code: each top-level
+// test the suite's binary lists for its pattern must report "--- PASS"; a
+// skip (a top-level test or a subtest) fails TestNode under CI=true, which is
+// passed into the guest, where harness.Require fails instead of skipping.
+//
 // It runs only when INPLACED_NODE=1 (`make test-node`); it needs root, QEMU
 // and the tools of hack/install-deps.sh, and skips without them (fails with
 // CI=true). The guest image is built once by hack/vm/build-image.sh and
 // cached; each boot runs on a throw-away qcow2 overlay. Nothing is mounted on
 // the host: the payload reaches the guest over 9p, and QEMU, started here, is
-// killed here if it is still running at the end.
+// killed here if it is still running at the end (the relays end with it).
 //
 // Environment: INPLACED_NODE_BACKENDS (default "2.4 1.6": one boot each),
 // INPLACED_NODE_RUN (a -test.run pattern for the guest suites),
@@ -21,18 +34,91 @@ package node
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
+	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+
 	"github.com/inplaced/inplaced/test/harness"
 )
+
+const (
+	// guestAPI is where the guest reaches the API server: QEMU's user
+	// network forwards it (guestfwd) to a relay on the host.
+	guestAPI = "10.0.2.100:6443"
+	// apiServerName is a DNS SAN of the API server's serving certificate
+	// (harness.StartControlPlane), the kubeconfigs' tls-server-name: the
+	// guest dials an address the certificate does not name.
+	apiServerName = "kubernetes"
+	// nodeName is the guest kubelet's --hostname-override: its Node.
+	nodeName = "node"
+	// resourcesRun is the pkg/resources tests run in the guest: the real
+	// cgroup v2 files and systemd driver.
+	resourcesRun = "^(TestRealCgroupV2|TestRealSystemdDriver)$"
+	// forwardEnv makes this test binary a one-connection relay (TestMain):
+	// QEMU runs it for each guest connection to guestAPI, stdin/stdout the
+	// connection, and it dials the address in the file the variable names.
+	forwardEnv = "INPLACED_NODE_FORWARD"
+)
+
+func TestMain(m *testing.M) {
+	if f := os.Getenv(forwardEnv); f != "" {
+		os.Exit(forward(f))
+	}
+	os.Exit(m.Run())
+}
+
+// forward relays the connection on fd 0 (QEMU's end of a guest TCP
+// connection) to the address in file, both ways. It writes nothing: stdout
+// and stderr are the connection too. It ends when both directions have; when
+// one has, the other gets 30 s (QEMU starts it through glib's intermediate
+// child, so it cannot tie its life to QEMU's; when QEMU exits, its side of
+// the connection ends and so does this relay).
+func forward(file string) int {
+	guest, err := net.FileConn(os.NewFile(0, "guest"))
+	if err != nil {
+		return 1
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 1
+	}
+	api, err := net.DialTimeout("tcp", strings.TrimSpace(string(b)), 10*time.Second)
+	if err != nil {
+		return 1
+	}
+	done := make(chan struct{}, 2)
+	pipe := func(dst, src net.Conn) {
+		_, _ = io.Copy(dst, src)
+		if c, ok := dst.(interface{ CloseWrite() error }); ok {
+			_ = c.CloseWrite()
+		} else {
+			_ = dst.Close()
+		}
+		done <- struct{}{}
+	}
+	go pipe(api, guest)
+	go pipe(guest, api)
+	<-done
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+	}
+	return 0
+}
 
 func TestNode(t *testing.T) {
 	if os.Getenv("INPLACED_NODE") != "1" {
@@ -47,6 +133,7 @@ func TestNode(t *testing.T) {
 	}
 	harness.Require(t, "hack/install-deps.sh tools", fileExists(harness.KubeletPath()) && fileExists(harness.CrictlPath()),
 		"run INPLACED_WITH_KUBELET=1 hack/install-deps.sh")
+	harness.ControlPlanePrerequisites(t)
 
 	start := time.Now()
 	image := buildImage(t, root)
@@ -57,6 +144,10 @@ func TestNode(t *testing.T) {
 	start = time.Now()
 	payload := makePayload(t, root)
 	t.Logf("payload (inplaced, guest suites, install files) in %s", time.Since(start).Round(time.Second))
+	// What each suite must report PASS for: its binary's own list.
+	guestTests := listTests(t, filepath.Join(payload, "bin", "guest.test"), listPattern(runPattern()))
+	resourcesTests := listTests(t, filepath.Join(payload, "bin", "resources.test"), resourcesRun)
+	t.Logf("expected to pass in the guest: %s; %s", strings.Join(resourcesTests, " "), strings.Join(guestTests, " "))
 
 	logDir := os.Getenv("INPLACED_NODE_LOG_DIR")
 	if logDir == "" {
@@ -74,7 +165,10 @@ func TestNode(t *testing.T) {
 	}
 	for _, b := range backends {
 		t.Run("containerd-"+b, func(t *testing.T) {
-			boot(t, image, payload, logDir, b, timeout)
+			boot(t, image, payload, logDir, b, timeout, []expectedSuite{
+				{name: "resources-v2", tests: resourcesTests},
+				{name: "guest-containerd-" + b, tests: guestTests},
+			})
 		})
 	}
 }
@@ -104,6 +198,9 @@ func buildImage(t *testing.T, root string) string {
 //	                     config.yaml, inplaced.service, the kubelet drop-in and
 //	                     config snippet, crictl.yaml
 //	bin/                 guest.test and resources.test (go test -c), app-v1/v2 (test/images/app)
+//	env                  written per boot: BACKEND, RUN, RESOURCES_RUN, CI
+//	kube/                written per boot, once the control plane runs:
+//	                     kubelet.conf, admin.conf, then ready
 //	out/                 written by the guest
 func makePayload(t *testing.T, root string) string {
 	t.Helper()
@@ -150,22 +247,74 @@ func makePayload(t *testing.T, root string) string {
 	return dir
 }
 
+// listTests is what `bin -test.list pattern` lists: the top-level tests a
+// suite run with that pattern must report PASS for.
+func listTests(t *testing.T, bin, pattern string) []string {
+	t.Helper()
+	out, err := exec.Command(bin, "-test.list", pattern).Output()
+	if err != nil {
+		t.Fatalf("%s -test.list %q: %v", filepath.Base(bin), pattern, err)
+	}
+	var tests []string
+	for _, l := range strings.Fields(string(out)) {
+		if strings.HasPrefix(l, "Test") {
+			tests = append(tests, l)
+		}
+	}
+	if len(tests) == 0 {
+		t.Fatalf("%s -test.list %q lists no test", filepath.Base(bin), pattern)
+	}
+	return tests
+}
+
+// listPattern is the top-level part of a -test.run pattern ("." for all).
+func listPattern(run string) string {
+	if run == "" {
+		return "."
+	}
+	top, _, _ := strings.Cut(run, "/")
+	return top
+}
+
 var (
-	suiteRe = regexp.MustCompile(`^\[node\] suite (\S+) exit (\d+)`)
-	bootRe  = regexp.MustCompile(`^\[node\] booted.*guest uptime ([0-9.]+)s`)
+	suiteStartRe = regexp.MustCompile(`^\[node\] suite (\S+) start`)
+	suiteRe      = regexp.MustCompile(`^\[node\] suite (\S+) exit (\d+)`)
+	bootRe       = regexp.MustCompile(`^\[node\] booted.*guest uptime ([0-9.]+)s`)
+	passRe       = regexp.MustCompile(`^--- PASS: (\S+)`)
+	skipRe       = regexp.MustCompile(`^\s*--- SKIP: (\S+)`)
+	failRe       = regexp.MustCompile(`^\s*--- FAIL: (\S+)`)
 )
 
-// boot runs the guest once with containerd backend and fails t for every
-// guest suite that failed (or never reported).
-func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Duration) {
-	env := fmt.Sprintf("BACKEND=%s\nRUN='%s'\n", backend, runPattern(backend))
+// expectedSuite is a guest suite and the top-level tests it must pass.
+type expectedSuite struct {
+	name  string
+	tests []string
+}
+
+// suiteResult is what a guest suite reported: its exit code, and from its
+// `go test -v` lines the top-level tests that passed and every test or
+// subtest that skipped or failed.
+type suiteResult struct {
+	exit            string
+	passed          map[string]bool
+	skipped, failed []string
+}
+
+// boot runs the guest once with containerd backend, its kubelet registered
+// to a control plane started here meanwhile, and fails t for every guest
+// suite that failed, skipped (under CI=true) or did not report.
+func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Duration, expect []expectedSuite) {
+	env := fmt.Sprintf("BACKEND=%s\nRUN='%s'\nRESOURCES_RUN='%s'\nCI='%s'\n", backend, runPattern(), resourcesRun, os.Getenv("CI"))
 	if err := os.WriteFile(filepath.Join(payload, "env"), []byte(env), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	out := filepath.Join(payload, "out")
-	_ = os.RemoveAll(out)
-	if err := os.Mkdir(out, 0o777); err != nil {
-		t.Fatal(err)
+	kube := filepath.Join(payload, "kube")
+	for _, d := range []string{out, kube} {
+		_ = os.RemoveAll(d)
+		if err := os.Mkdir(d, 0o777); err != nil {
+			t.Fatal(err)
+		}
 	}
 	overlay := filepath.Join(t.TempDir(), "root.qcow2")
 	if b, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-b", filepath.Join(image, "root.img"), "-F", "raw", overlay).CombinedOutput(); err != nil {
@@ -178,9 +327,18 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 	}
 	defer guestLog.Close()
 
+	// The guest's one way out: guestAPI, relayed by this binary to the API
+	// server's address, written to fwdFile once it is known.
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fwdFile := filepath.Join(t.TempDir(), "apiserver")
+	netdev := "user,id=net0,restrict=on,guestfwd=tcp:" + guestAPI + "-cmd:" + strings.ReplaceAll(shellQuote(self), ",", ",,")
 	cmd := exec.Command("qemu-system-x86_64",
 		"-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2", "-m", "3072",
-		"-display", "none", "-monitor", "none", "-no-reboot", "-nic", "none",
+		"-display", "none", "-monitor", "none", "-no-reboot",
+		"-netdev", netdev, "-device", "virtio-net-pci,netdev=net0,romfile=",
 		"-kernel", filepath.Join(image, "vmlinuz"), "-initrd", filepath.Join(image, "initrd.img"),
 		"-append", "console=ttyS0 root=/dev/vda rw inplaced.node=1 loglevel=4 systemd.show_status=error",
 		"-drive", "file="+overlay+",if=virtio,format=qcow2",
@@ -188,6 +346,7 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 		"-serial", "file:"+console, // ttyS0: kernel and systemd
 		"-serial", "stdio", // ttyS1: run.sh and the suites
 	)
+	cmd.Env = append(os.Environ(), forwardEnv+"="+fwdFile)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -198,7 +357,7 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 		t.Fatalf("start qemu: %v", err)
 	}
 	exited := make(chan error, 1)
-	lines := make(chan string)
+	lines := make(chan string, 1024)
 	go func() {
 		r := bufio.NewReader(stdout)
 		for {
@@ -221,7 +380,20 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 	}()
 	go func() { exited <- cmd.Wait() }()
 
-	results := map[string]string{}
+	// While the guest boots: the control plane, and what the guest needs of
+	// it (run.sh waits for kube/ready). Its cleanup runs after QEMU's kill.
+	cp := harness.StartControlPlane(t)
+	if err := os.WriteFile(fwdFile, []byte("127.0.0.1:"+strconv.Itoa(cp.APIServerPort)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	guestKubeconfig(t, cp.NodeKubeconfig(t, nodeName), filepath.Join(kube, "kubelet.conf"))
+	guestKubeconfig(t, cp.AdminKubeconfig, filepath.Join(kube, "admin.conf"))
+	if err := os.WriteFile(filepath.Join(kube, "ready"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("control plane for the guest up %s after QEMU's start: the guest reaches %s at %s", time.Since(start).Round(time.Second), cp.URL, guestAPI)
+
+	results := suiteParser{}
 	var done bool
 	deadline := time.After(timeout)
 	for lines != nil {
@@ -233,9 +405,7 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 			}
 			fmt.Fprintln(guestLog, line)
 			fmt.Printf("guest| %s\n", line)
-			if m := suiteRe.FindStringSubmatch(line); m != nil {
-				results[m[1]] = m[2]
-			}
+			results.line(line)
 			if m := bootRe.FindStringSubmatch(line); m != nil {
 				t.Logf("guest booted: run.sh started %s after QEMU (guest uptime %ss)", time.Since(start).Round(time.Second), m[1])
 			}
@@ -262,25 +432,154 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 	err = <-exited
 	exited <- err // for the deferred check
 	t.Logf("guest ran %s (QEMU exit: %v); output in %s, console in %s", time.Since(start).Round(time.Second), err, guestLog.Name(), console)
-	if len(results) == 0 || !done {
+	if len(results.suites) == 0 || !done {
 		t.Errorf("the guest reported no result (done=%v); last console lines:\n%s", done, tail(console, 40))
 	}
-	for suite, code := range results {
-		if code != "0" {
-			t.Errorf("guest suite %s exited %s", suite, code)
-		} else {
-			t.Logf("guest suite %s passed", suite)
-		}
+	errs, logs := judgeSuites(results.suites, expect, harness.CI())
+	for _, l := range logs {
+		t.Log(l)
+	}
+	for _, e := range errs {
+		t.Error(e)
 	}
 	if b, err := os.ReadFile(filepath.Join(out, "security.txt")); err == nil {
 		t.Logf("systemd-analyze security inplaced (containerd %s):\n%s", backend, tailString(string(b), 3))
 		_ = os.WriteFile(filepath.Join(logDir, "node-security.txt"), b, 0o644)
 	}
+	checkNode(t, cp, backend)
 }
 
-// runPattern is the -test.run pattern of the guest suites: all of them on
-// both backends unless INPLACED_NODE_RUN says otherwise.
-func runPattern(string) string { return os.Getenv("INPLACED_NODE_RUN") }
+// suiteParser collects the suites' results from the guest's output lines.
+type suiteParser struct {
+	suites map[string]*suiteResult
+	cur    *suiteResult
+}
+
+func (p *suiteParser) line(line string) {
+	if p.suites == nil {
+		p.suites = map[string]*suiteResult{}
+	}
+	if m := suiteStartRe.FindStringSubmatch(line); m != nil {
+		p.cur = &suiteResult{passed: map[string]bool{}}
+		p.suites[m[1]] = p.cur
+		return
+	}
+	if m := suiteRe.FindStringSubmatch(line); m != nil {
+		if p.suites[m[1]] == nil {
+			p.suites[m[1]] = &suiteResult{passed: map[string]bool{}}
+		}
+		p.suites[m[1]].exit = m[2]
+		p.cur = nil
+		return
+	}
+	if p.cur == nil {
+		return
+	}
+	if m := passRe.FindStringSubmatch(line); m != nil {
+		p.cur.passed[m[1]] = true
+	}
+	if m := skipRe.FindStringSubmatch(line); m != nil {
+		p.cur.skipped = append(p.cur.skipped, m[1])
+	}
+	if m := failRe.FindStringSubmatch(line); m != nil {
+		p.cur.failed = append(p.cur.failed, m[1])
+	}
+}
+
+// judgeSuites returns an error for a suite that did not report, exited
+// non-zero, or did not report PASS for one of its expected top-level tests,
+// for any other guest step that failed, and for each skip when ci (a skip is
+// only logged otherwise).
+func judgeSuites(results map[string]*suiteResult, expect []expectedSuite, ci bool) (errs, logs []string) {
+	names := slices.Sorted(maps.Keys(results))
+	for _, name := range names {
+		if r := results[name]; r.exit != "0" && !slices.ContainsFunc(expect, func(e expectedSuite) bool { return e.name == name }) {
+			errs = append(errs, fmt.Sprintf("guest step %s exited %q", name, r.exit))
+		}
+	}
+	for _, e := range expect {
+		r := results[e.name]
+		if r == nil {
+			errs = append(errs, fmt.Sprintf("guest suite %s did not report", e.name))
+			continue
+		}
+		if r.exit != "0" {
+			errs = append(errs, fmt.Sprintf("guest suite %s exited %q (failed: %s)", e.name, r.exit, strings.Join(r.failed, " ")))
+		}
+		var passed []string
+		for _, test := range e.tests {
+			switch {
+			case r.passed[test]:
+				passed = append(passed, test)
+			case slices.Contains(r.skipped, test):
+				// below: a failure under CI, logged otherwise
+			default:
+				errs = append(errs, fmt.Sprintf("guest suite %s: %s did not report PASS", e.name, test))
+			}
+		}
+		for _, s := range r.skipped {
+			if ci {
+				errs = append(errs, fmt.Sprintf("guest suite %s: %s skipped (CI=true: a skip in the guest is a failure)", e.name, s))
+			} else {
+				logs = append(logs, fmt.Sprintf("guest suite %s: %s skipped", e.name, s))
+			}
+		}
+		if len(passed) == len(e.tests) {
+			logs = append(logs, fmt.Sprintf("guest suite %s passed: %s", e.name, strings.Join(passed, " ")))
+		}
+	}
+	return errs, logs
+}
+
+// checkNode looks at the guest's Node through the API from the host: it
+// registered, with the kubelet and the containerd of this boot.
+func checkNode(t *testing.T, cp *harness.ControlPlane, backend string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := cp.Admin.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Errorf("the guest's Node %q in the API: %v", nodeName, err)
+		return
+	}
+	i := n.Status.NodeInfo
+	t.Logf("Node %s (registered %s): kubelet %s, runtime %s, %s, kernel %s, addresses %v", n.Name,
+		n.CreationTimestamp.Format(time.TimeOnly), i.KubeletVersion, i.ContainerRuntimeVersion, i.OSImage, i.KernelVersion, n.Status.Addresses)
+	if !strings.HasPrefix(strings.TrimPrefix(i.ContainerRuntimeVersion, "containerd://v"), backend+".") &&
+		!strings.HasPrefix(strings.TrimPrefix(i.ContainerRuntimeVersion, "containerd://"), backend+".") {
+		t.Errorf("Node %s reports runtime %q: not the containerd %s this boot is for", n.Name, i.ContainerRuntimeVersion, backend)
+	}
+}
+
+// guestKubeconfig writes the kubeconfig at src for the guest to dst: the
+// server is guestAPI, verified as apiServerName.
+func guestKubeconfig(t *testing.T, src, dst string) {
+	t.Helper()
+	cfg, err := clientcmd.LoadFromFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cfg.Clusters {
+		c.Server = "https://" + guestAPI
+		c.TLSServerName = apiServerName
+	}
+	if err := clientcmd.WriteToFile(*cfg, dst); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it: libslirp splits a
+// guestfwd command with g_shell_parse_argv (older versions: at spaces).
+func shellQuote(s string) string {
+	if regexp.MustCompile(`^[A-Za-z0-9/._+-]+$`).MatchString(s) {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// runPattern is the -test.run pattern of the guest suite: all of it on both
+// backends unless INPLACED_NODE_RUN says otherwise.
+func runPattern() string { return os.Getenv("INPLACED_NODE_RUN") }
 
 func goCmd(t *testing.T, root string, args ...string) {
 	t.Helper()

@@ -1,9 +1,12 @@
 package guest
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"strconv"
@@ -13,6 +16,9 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/test/harness"
@@ -36,8 +42,21 @@ const (
 //   - memory: raising memory.max keeps a process holding 64 MiB running; a
 //     limit below memory.current is refused and memory.max stays;
 //   - kubelet-path: the same through CRI UpdateContainerResources sent to
-//     inplaced's socket as kubelet sends it.
+//     inplaced's socket as kubelet sends it;
+//   - kubelet-resize: a pod created through the API server, resized through
+//     its resize subresource: kubelet itself raises the pod slice and sends
+//     UpdateContainerResources through inplaced (its resize record and
+//     journal show it); a burner at ~0.5 CPU uses more than 1 after the
+//     resize to 1.5 CPU, cpu.max "150000 100000", same container ID, PID and
+//     StartedAt.
 func TestResize(t *testing.T) {
+	if cs := kubeIfAny(); cs != nil {
+		// Started with the static pods (a pod start takes 20-35 s under
+		// TCG); its burner waits for /tmp/go, so it takes no CPU from the
+		// other subtests' measurements.
+		createPods(t, cs, pod{name: "rz-api", image: imgBusybox, command: []string{"sh", "-c", "until cat /tmp/go 2>/dev/null; do sleep 1; done; " + burnTwo},
+			cpuReq: "250m", cpuLim: "500m", memReq: "64Mi", memLim: "128Mi"})
+	}
 	writePods(t,
 		pod{name: "rz-cpu", image: imgBusybox, command: []string{"sh", "-c", burnTwo}, cpuReq: "250m", cpuLim: "500m", memReq: "64Mi", memLim: "128Mi"},
 		pod{name: "rz-mem", image: imgBusybox, command: []string{"sh", "-c", `x=$(head -c 67108864 /dev/zero | tr "\0" a); echo held; sleep 2147483647; :`},
@@ -53,6 +72,7 @@ func TestResize(t *testing.T) {
 	t.Run("cpu", e.testCPU)
 	t.Run("memory", e.testMemory)
 	t.Run("kubelet-path", e.testKubeletPath)
+	t.Run("kubelet-resize", e.testAPIResize)
 }
 
 type rzEnv struct {
@@ -293,6 +313,126 @@ func (e *rzEnv) testKubeletPath(t *testing.T) {
 	e.same(t, c)
 }
 
+// testAPIResize resizes a pod through the API server's resize subresource
+// (InPlacePodVerticalScaling, GA): kubelet raises the pod slice and calls
+// UpdateContainerResources on its runtime endpoint, inplaced's socket.
+func (e *rzEnv) testAPIResize(t *testing.T) {
+	cs := kube(t)
+	p := waitAPIPod(t, cs, "rz-api", 5*time.Minute, harness.PodRunning(container))
+	id := criID(apiContainer(p))
+	info := inspect(t, e.proxy, id)
+	uid := strings.ReplaceAll(string(p.UID), "-", "_")
+	cg := procCgroup(t, info.pid)
+	if want := fmt.Sprintf("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/cri-containerd-%s.scope", uid, id); cg != want {
+		t.Fatalf("process %d is in cgroup %s, want %s", info.pid, cg, want)
+	}
+	scope := filepath.Join(cgroupRoot, cg)
+	slice := path.Dir(scope)
+	for _, c := range []string{slice, scope} {
+		if got := readFile(t, filepath.Join(c, "cpu.max")); got != "50000 100000" {
+			t.Errorf("%s cpu.max %q, want 50000 100000 (500m)", c, got)
+		}
+	}
+	// The other burner (rz-cpu, 0.5 CPU) is frozen while this one is
+	// measured: together they would ask for all of the guest's 2 CPUs.
+	other := e.ctr(t, "rz-cpu").scope
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/root/tmp/go", info.pid), nil, 0o644); err != nil {
+		t.Fatalf("start the burner: %v", err)
+	}
+	slow := cpuBest(t, scope, 0.4, 5, other)
+	t.Logf("pod %s (API), container %s under a 0.5 CPU limit: %s", p.Name, id[:12], slow)
+	if slow.cpus < 0.35 || slow.cpus > 0.65 {
+		t.Errorf("usage %s under a 0.5 CPU limit: want about 0.5", slow)
+	}
+
+	patch := `{"spec":{"containers":[{"name":"` + container + `","resources":{"requests":{"cpu":"250m","memory":"64Mi"},"limits":{"cpu":"1500m","memory":"128Mi"}}}]}}`
+	start := time.Now()
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	_, err := cs.CoreV1().Pods("default").Patch(c, p.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}, "resize")
+	cancel()
+	if err != nil {
+		t.Fatalf("patch pods/%s/resize to 1500m: %v", p.Name, err)
+	}
+	p = waitAPIPod(t, cs, p.Name, 3*time.Minute, func(p *corev1.Pod) error {
+		if p == nil {
+			return errors.New("pod gone")
+		}
+		for _, c := range p.Status.Conditions {
+			if (c.Type == corev1.PodResizePending || c.Type == corev1.PodResizeInProgress) && c.Status == corev1.ConditionTrue {
+				return fmt.Errorf("%s: %s: %s", c.Type, c.Reason, c.Message)
+			}
+		}
+		s := apiContainer(p)
+		if s == nil || s.Resources == nil || s.Resources.Limits.Cpu().MilliValue() != 1500 {
+			b, _ := json.Marshal(s)
+			return fmt.Errorf("container status %s", b)
+		}
+		if got := readFile(t, filepath.Join(scope, "cpu.max")); got != "150000 100000" {
+			return fmt.Errorf("scope cpu.max %q", got)
+		}
+		return nil
+	})
+	t.Logf("kubelet resized it in %s: status limits cpu %s; scope cpu.max %q, slice cpu.max %q", time.Since(start).Round(time.Millisecond),
+		apiContainer(p).Resources.Limits.Cpu(), readFile(t, filepath.Join(scope, "cpu.max")), readFile(t, filepath.Join(slice, "cpu.max")))
+	if q := quotaOf(t, readFile(t, filepath.Join(slice, "cpu.max"))); q < 150000 {
+		t.Errorf("slice cpu.max %q after the resize: below the container's 150000", readFile(t, filepath.Join(slice, "cpu.max")))
+	}
+
+	// The call went through inplaced: its resize record for the container
+	// (no control-API caller: it came in on the CRI socket) and its journal.
+	out, err := inplacectl("resizes", "-o", "json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var list struct {
+		Resizes []map[string]any `json:"resizes"`
+	}
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		t.Fatalf("decode inplacectl resizes: %v\n%s", err, out)
+	}
+	var rec map[string]any
+	for _, r := range list.Resizes {
+		to, _ := r["to"].(map[string]any)
+		if r["container_id"] == id && to != nil && fmt.Sprint(to["cpu_quota"]) == "150000" {
+			rec = r
+		}
+	}
+	if rec == nil {
+		t.Fatalf("inplaced has no resize record of container %s to cpu quota 150000: kubelet's call did not go through it\n%s", id[:12], out)
+	}
+	t.Logf("inplaced's record: id %v, result %v, method %v, caller %v, from %v, to %v, in effect %v, repaired %v",
+		rec["id"], rec["result"], rec["method"], rec["caller"], rec["from"], rec["to"], rec["in_effect"], rec["repaired"])
+	if rec["result"] != "applied" || rec["caller"] != nil {
+		t.Errorf("record result %v caller %v: want applied, from the CRI socket (no control-API caller)", rec["result"], rec["caller"])
+	}
+	jout, _ := exec.Command("journalctl", "-b", "-u", "inplaced", "--no-pager", "-o", "cat").CombinedOutput()
+	var logged string
+	for _, line := range strings.Split(string(jout), "\n") {
+		if strings.Contains(line, fmt.Sprint(rec["id"])) && strings.Contains(line, id) {
+			logged = line
+		}
+	}
+	if logged == "" {
+		t.Errorf("inplaced's journal has no line for resize %v of container %s", rec["id"], id[:12])
+	}
+	t.Logf("inplaced's journal: %s", logged)
+
+	fast := cpuBest(t, scope, 1.0, 10, other)
+	t.Logf("after the resize to 1.5 CPU: %s", fast)
+	if fast.cpus <= 1.0 {
+		t.Errorf("usage %s after the resize to 1.5 CPU: want more than 1", fast)
+	}
+	now := inspect(t, e.proxy, id)
+	if now.status.State != runtimeapi.ContainerState_CONTAINER_RUNNING || now.pid != info.pid || now.status.StartedAt != info.status.StartedAt {
+		t.Errorf("container %s changed: state %s, pid %d→%d, startedAt %d→%d", id[:12], now.status.State,
+			info.pid, now.pid, info.status.StartedAt, now.status.StartedAt)
+	}
+	p = waitAPIPod(t, cs, p.Name, time.Minute, harness.PodRunning(container))
+	if s := apiContainer(p); criID(s) != id || s.RestartCount != 0 {
+		t.Errorf("the API shows container %s restarts %d, want %s unchanged", criID(s), s.RestartCount, id[:12])
+	}
+}
+
 type resizeRec struct {
 	ID       string   `json:"id"`
 	Result   string   `json:"result"`
@@ -372,37 +512,39 @@ func cpuRate(t *testing.T, cg string, window time.Duration) cpuWindow {
 	return w
 }
 
-// quiet freezes kubelet (the cgroup v2 freezer of kubelet.service) while f
-// runs: under TCG kubelet's housekeeping takes a good part of the guest's two
-// CPUs, and in the guest's CPU shares system.slice outweighs a burstable pod
-// by far, so a measurement of what a pod may use waits until it is still.
-// Pods keep running; kubelet resumes where it was.
-func quiet(t *testing.T, f func()) {
+// quiet freezes kubelet (the cgroup v2 freezer of kubelet.service), and the
+// cgroups also, while f runs: under TCG kubelet's housekeeping takes a good
+// part of the guest's two CPUs, and in the guest's CPU shares system.slice
+// outweighs a burstable pod by far, so a measurement of what a pod may use
+// waits until it is still. Pods keep running; kubelet resumes where it was.
+func quiet(t *testing.T, f func(), also ...string) {
 	t.Helper()
-	const cg = "/sys/fs/cgroup/system.slice/kubelet.service"
-	if err := os.WriteFile(cg+"/cgroup.freeze", []byte("1"), 0); err != nil {
-		t.Fatalf("freeze kubelet: %v", err)
+	for _, cg := range append([]string{"/sys/fs/cgroup/system.slice/kubelet.service"}, also...) {
+		if err := os.WriteFile(cg+"/cgroup.freeze", []byte("1"), 0); err != nil {
+			t.Fatalf("freeze %s: %v", cg, err)
+		}
+		defer func() {
+			if err := os.WriteFile(cg+"/cgroup.freeze", []byte("0"), 0); err != nil {
+				t.Errorf("thaw %s: %v", cg, err)
+			}
+		}()
+		eventually(t, 30*time.Second, cg+" frozen", func() error {
+			if !strings.Contains(readFile(t, cg+"/cgroup.events"), "frozen 1") {
+				return errNotYet
+			}
+			return nil
+		})
 	}
-	defer func() {
-		if err := os.WriteFile(cg+"/cgroup.freeze", []byte("0"), 0); err != nil {
-			t.Errorf("thaw kubelet: %v", err)
-		}
-	}()
-	eventually(t, 30*time.Second, "kubelet frozen", func() error {
-		if !strings.Contains(readFile(t, cg+"/cgroup.events"), "frozen 1") {
-			return errNotYet
-		}
-		return nil
-	})
 	f()
 }
 
-// cpuBest measures up to n 3 s windows, kubelet frozen, and returns the
-// busiest, stopping once one exceeds enough: other work in the guest (and on
-// the host, which runs the guest's CPUs) can only take CPU away.
-func cpuBest(t *testing.T, cg string, enough float64, n int) (best cpuWindow) {
+// cpuBest measures up to n 3 s windows, kubelet (and the cgroups also)
+// frozen, and returns the busiest, stopping once one exceeds enough: other
+// work in the guest (and on the host, which runs the guest's CPUs) can only
+// take CPU away.
+func cpuBest(t *testing.T, cg string, enough float64, n int, also ...string) (best cpuWindow) {
 	t.Helper()
-	quiet(t, func() { best = cpuBestNow(t, cg, enough, n) })
+	quiet(t, func() { best = cpuBestNow(t, cg, enough, n) }, also...)
 	return best
 }
 

@@ -2,6 +2,7 @@ package guest
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"regexp"
@@ -11,6 +12,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/test/harness"
@@ -21,9 +23,14 @@ import (
 // sockets, state and cgroup writes (the resize and swap suites write through
 // it), `systemctl restart containerd` leaves inplaced's main PID and
 // NRestarts alone (kubelet's calls get Unavailable meanwhile), and `systemctl
-// restart inplaced` under a running kubelet leaves the pods running, kubelet
-// healthy and not restarted.
+// restart inplaced` under a running kubelet leaves the pods running (a static
+// pod and one created through the API server: the same containers, Ready),
+// kubelet healthy and not restarted, and the Node Ready through the API —
+// its Ready condition never changed, and kubelet renews its lease.
 func TestUnit(t *testing.T) {
+	if cs := kubeIfAny(); cs != nil {
+		createPods(t, cs, pod{name: "keep-api", image: imgApp1, readinessHTTP: 8080, cpuLim: "200m", memLim: "64Mi"})
+	}
 	writePods(t, pod{name: "keep", image: imgApp1, readinessHTTP: 8080, cpuLim: "200m", memLim: "64Mi"})
 	proxy := harness.DialCRI(t, proxySocket)
 
@@ -63,6 +70,11 @@ func TestUnit(t *testing.T) {
 
 	keep := waitPod(t, "keep", 5*time.Minute, harness.Running(container))
 	keepID := keep.Container(container).ID()
+	if cs := kubeIfAny(); cs != nil {
+		// Running before containerd's restart, so that it cannot catch the
+		// pod half started.
+		waitAPIPod(t, cs, "keep-api", 5*time.Minute, harness.PodRunning(container))
+	}
 
 	t.Run("containerd restart", func(t *testing.T) {
 		before := unitProps(t, "inplaced", "MainPID", "NRestarts")
@@ -91,8 +103,20 @@ func TestUnit(t *testing.T) {
 	})
 
 	t.Run("inplaced restart", func(t *testing.T) {
+		cs := kube(t)
+		apiPod := waitAPIPod(t, cs, "keep-api", 5*time.Minute, harness.PodRunning(container))
+		apiID := criID(apiContainer(apiPod))
+		waitNodeReady(t, cs, 2*time.Minute)
+		_, ready, err := nodeReady(cs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("before: Node %s Ready=%s since %s; pod keep-api (API) container %s, static pod keep container %s", nodeName, ready.Status,
+			ready.LastTransitionTime.Format(time.TimeOnly), apiID[:12], keepID[:12])
+
 		before := unitProps(t, "inplaced", "MainPID")
 		kubelet := unitProps(t, "kubelet", "MainPID", "NRestarts")
+		restarted := time.Now()
 		systemctl(t, "restart", "inplaced")
 		after := unitProps(t, "inplaced", "MainPID", "ActiveState", "SubState")
 		if after["ActiveState"] != "active" || after["MainPID"] == before["MainPID"] {
@@ -114,6 +138,34 @@ func TestUnit(t *testing.T) {
 		}
 		if out, err := exec.Command("crictl", "ps").CombinedOutput(); err != nil || !strings.Contains(string(out), keepID[:13]) {
 			t.Errorf("crictl ps through inplaced (/etc/crictl.yaml): %v\n%s", err, out)
+		}
+
+		// Through the API: the Node stayed Ready (its condition did not
+		// transition) and kubelet renewed its lease after the restart; both
+		// pods run the same containers, Ready, not restarted.
+		_, readyAfter, err := nodeReady(cs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("after: Node %s Ready=%s since %s (%s: %s)", nodeName, readyAfter.Status, readyAfter.LastTransitionTime.Format(time.TimeOnly), readyAfter.Reason, readyAfter.Message)
+		if readyAfter.Status != corev1.ConditionTrue || !readyAfter.LastTransitionTime.Equal(&ready.LastTransitionTime) {
+			t.Errorf("Node %s Ready=%s since %s after inplaced's restart, was True since %s: want Ready throughout",
+				nodeName, readyAfter.Status, readyAfter.LastTransitionTime, ready.LastTransitionTime)
+		}
+		eventually(t, time.Minute, "kubelet renews its node lease after inplaced's restart", func() error {
+			if r := leaseRenewed(t, cs); !r.After(restarted) {
+				return fmt.Errorf("lease renewed %s, inplaced restarted %s", r.Format(time.StampMilli), restarted.Format(time.StampMilli))
+			}
+			return nil
+		})
+		for _, w := range []struct{ name, id string }{{"keep-api", apiID}, {podName("keep"), keepID}} {
+			p := waitAPIPod(t, cs, w.name, time.Minute, harness.PodRunning(container))
+			s := apiContainer(p)
+			t.Logf("pod %s (API): phase %s, Ready %s, container %s restarts %d", w.name, p.Status.Phase, podCondition(p, corev1.PodReady), criID(s)[:12], s.RestartCount)
+			if criID(s) != w.id || s.RestartCount != 0 || podCondition(p, corev1.PodReady) != "True" {
+				t.Errorf("after inplaced's restart the API shows pod %s container %s restarts %d Ready %s; want %s, 0, True",
+					w.name, criID(s), s.RestartCount, podCondition(p, corev1.PodReady), w.id)
+			}
 		}
 	})
 }

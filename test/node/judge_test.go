@@ -1,0 +1,77 @@
+package node
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestJudgeSuites checks how the host judges the guest's output, without a
+// guest: an exit code of 0 is not enough, every expected top-level test must
+// report PASS, and under CI=true a skip anywhere is a failure.
+func TestJudgeSuites(t *testing.T) {
+	expect := []expectedSuite{
+		{name: "resources-v2", tests: []string{"TestRealCgroupV2", "TestRealSystemdDriver"}},
+		{name: "guest-containerd-2.4", tests: []string{"TestBackend", "TestResize"}},
+	}
+	resources := []string{
+		"[node] suite resources-v2 start (guest uptime 64.49s)",
+		"=== RUN   TestRealCgroupV2",
+		"--- PASS: TestRealCgroupV2 (8.67s)",
+		"    --- PASS: TestRealCgroupV2/lower (0.03s)",
+		"=== RUN   TestRealSystemdDriver",
+		"--- PASS: TestRealSystemdDriver (4.90s)",
+		"PASS",
+		"[node] suite resources-v2 exit 0 in 15s (guest uptime 79.94s)",
+	}
+	guest := func(resize ...string) []string {
+		l := []string{"[node] suite guest-containerd-2.4 start (guest uptime 80.07s)", "--- PASS: TestBackend (1.55s)"}
+		l = append(l, resize...)
+		return append(l, "PASS", "[node] suite guest-containerd-2.4 exit 0 in 178s (guest uptime 258.25s)")
+	}
+	for _, tc := range []struct {
+		name  string
+		lines []string
+		ci    bool
+		errs  []string // substrings, one per error
+	}{
+		{name: "all pass", ci: true, lines: append(resources, guest("    --- PASS: TestResize/cpu (23.84s)", "--- PASS: TestResize (102.18s)")...)},
+		{name: "a subtest skipped, CI", ci: true,
+			lines: append(resources, guest("    --- SKIP: TestResize/kubelet-resize (0.00s)", "--- PASS: TestResize (102.18s)")...),
+			errs:  []string{"TestResize/kubelet-resize skipped (CI=true"}},
+		{name: "a subtest skipped, not CI",
+			lines: append(resources, guest("    --- SKIP: TestResize/kubelet-resize (0.00s)", "--- PASS: TestResize (102.18s)")...)},
+		{name: "a test skipped, CI", ci: true,
+			lines: append(resources, guest("--- SKIP: TestResize (0.00s)")...),
+			errs:  []string{"TestResize skipped (CI=true"}},
+		{name: "a test skipped, not CI", lines: append(resources, guest("--- SKIP: TestResize (0.00s)")...)},
+		{name: "exit 0 but a test missing", ci: true, lines: append(resources, guest()...),
+			errs: []string{"TestResize did not report PASS"}},
+		{name: "a PASS outside its suite does not count", ci: true,
+			lines: append(append(resources, "--- PASS: TestResize (1s)"), guest()...),
+			errs:  []string{"TestResize did not report PASS"}},
+		{name: "suite failed", ci: true,
+			lines: append(resources, "[node] suite guest-containerd-2.4 start", "--- PASS: TestBackend (1s)", "--- FAIL: TestResize (2s)",
+				"[node] suite guest-containerd-2.4 exit 1 in 3s"),
+			errs: []string{`exited "1" (failed: TestResize)`, "TestResize did not report PASS"}},
+		{name: "setup failed", ci: true, lines: []string{"[node] setup failed: no network interface", "[node] suite setup exit 1"},
+			errs: []string{`guest step setup exited "1"`, "resources-v2 did not report", "guest-containerd-2.4 did not report"}},
+		{name: "suite never ended", ci: true, lines: append(resources, "[node] suite guest-containerd-2.4 start", "--- PASS: TestBackend (1s)", "--- PASS: TestResize (1s)"),
+			errs: []string{`guest-containerd-2.4 exited ""`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var p suiteParser
+			for _, l := range tc.lines {
+				p.line(l)
+			}
+			errs, logs := judgeSuites(p.suites, expect, tc.ci)
+			if len(errs) != len(tc.errs) {
+				t.Fatalf("errors %q, want %d matching %q (logs %q)", errs, len(tc.errs), tc.errs, logs)
+			}
+			for i, want := range tc.errs {
+				if !strings.Contains(errs[i], want) {
+					t.Errorf("error %d %q, want it to contain %q", i, errs[i], want)
+				}
+			}
+		})
+	}
+}
