@@ -25,7 +25,7 @@ type loadSampler struct {
 	rqSum    float64
 	rqN      int
 	t0       time.Time
-	busy0    int64 // machine busy jiffies
+	cpu0     machineTicks
 	own0     map[int]time.Duration
 	ownStart bool
 }
@@ -36,7 +36,7 @@ func startLoadSampler() *loadSampler {
 	s.cond.Load1Start, _ = load1()
 	s.cond.Load1Max = s.cond.Load1Start
 	var err error
-	s.busy0, err = machineBusy()
+	s.cpu0, err = machineCPU()
 	s.own0 = ownCPU()
 	s.ownStart = err == nil
 	s.done.Add(1)
@@ -72,15 +72,16 @@ func (s *loadSampler) finish() *report.Conditions {
 		c.RunQueueMean = s.rqSum / float64(s.rqN)
 	}
 	c.ForeignCPU = -1
-	busy1, err := machineBusy()
+	cpu1, err := machineCPU()
 	if s.ownStart && err == nil {
 		elapsed := time.Since(s.t0)
 		var own time.Duration
 		for pid, t1 := range ownCPU() {
 			own += t1 - s.own0[pid] // a process started during the cell counts from 0
 		}
-		machine := time.Duration(busy1-s.busy0) * 10 * time.Millisecond
+		machine := time.Duration(cpu1.busy-s.cpu0.busy) * 10 * time.Millisecond
 		c.ForeignCPU = max(float64(machine-own)/float64(elapsed), 0)
+		c.Steal = cpu1.stealSince(s.cpu0)
 	}
 	return &c
 }
@@ -117,30 +118,59 @@ func runQueue() (int, error) {
 	return 0, os.ErrNotExist
 }
 
-// machineBusy is the machine's non-idle CPU time in clock ticks (USER_HZ,
-// 100 on Linux): /proc/stat "cpu" minus idle and iowait. Guest time is
-// already in user and steal is not the machine's own work, so both are
-// left out.
-func machineBusy() (int64, error) {
+// machineTicks is the machine's CPU time from /proc/stat's "cpu" line, in
+// clock ticks (USER_HZ, 100 on Linux).
+type machineTicks struct {
+	// busy is the non-idle time: all but idle, iowait and steal. Guest
+	// time is already in user, and steal is not the machine's own work.
+	busy int64
+	// steal is the time a vCPU wanted to run while the hypervisor ran
+	// something else (the 8th value).
+	steal int64
+	// total is all of it: user nice system idle iowait irq softirq steal.
+	total int64
+}
+
+// stealSince is the share of the machine's CPU time since t0 that was
+// steal; nil when no time passed.
+func (t machineTicks) stealSince(t0 machineTicks) *float64 {
+	if t.total <= t0.total {
+		return nil
+	}
+	return new(float64(t.steal-t0.steal) / float64(t.total-t0.total))
+}
+
+func machineCPU() (machineTicks, error) {
 	lines, err := statLines()
 	if err != nil {
-		return 0, err
+		return machineTicks{}, err
 	}
-	f := strings.Fields(lines[0])
+	return parseCPULine(lines[0])
+}
+
+// parseCPULine reads /proc/stat's "cpu" line. Kernels before 2.6.11 have
+// no steal column: it then counts as none.
+func parseCPULine(line string) (machineTicks, error) {
+	f := strings.Fields(line)
 	if len(f) < 8 || f[0] != "cpu" {
-		return 0, os.ErrInvalid
+		return machineTicks{}, os.ErrInvalid
 	}
-	var busy int64
-	for i, v := range f[1:8] { // user nice system idle iowait irq softirq
+	var t machineTicks
+	for i, v := range f[1:min(len(f), 9)] { // user nice system idle iowait irq softirq steal
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			return 0, err
+			return machineTicks{}, err
 		}
-		if i != 3 && i != 4 {
-			busy += n
+		t.total += n
+		switch i {
+		case 3, 4: // idle, iowait
+		case 7:
+			t.steal = n
+		default:
+			t.busy += n
 		}
 	}
-	return busy, nil
+	return t, nil
 }
 
 // ownCPU is the CPU time of this test binary and of every process below it
@@ -213,10 +243,14 @@ func TestLoadSampler(t *testing.T) {
 	for time.Now().Before(deadline) { // keep one CPU busy: the benchmark's own work
 	}
 	c := s.finish()
-	if c.NProc < 1 || c.ForeignCPU < 0 || c.RunQueueMax < 1 {
+	if c.NProc < 1 || c.ForeignCPU < 0 || c.RunQueueMax < 1 || c.Steal == nil {
 		t.Fatalf("conditions %+v", c)
 	}
-	t.Logf("conditions %+v", c)
+	// user nice system idle iowait irq softirq steal guest guest_nice
+	if m, err := parseCPULine("cpu  100 1 20 500 7 0 3 40 9 0"); err != nil || m.busy != 124 || m.steal != 40 || m.total != 671 {
+		t.Fatalf("parseCPULine = %+v, %v", m, err)
+	}
+	t.Logf("conditions %+v, steal %.2f%%", c, *c.Steal*100)
 	if got := windowP50s([][]time.Duration{{1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}}); len(got) != report.DriftWindows || got[0] != 1 || got[3] != 7 {
 		t.Fatalf("windowP50s = %v", got)
 	}

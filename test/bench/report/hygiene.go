@@ -20,6 +20,12 @@ import (
 // every round on a quiet machine, so a floor whose p50 moved by more than
 // MaxFloorDrift between the rounds of a cell says that the machine changed
 // under the measurement.
+//
+// On a virtual machine the host's other guests compete too, and no
+// process inside the guest shows it: the time the hypervisor ran something
+// else while a vCPU wanted to run is /proc/stat's steal column. A cell
+// during which more than MaxSteal of the machine's CPU time was stolen is
+// not judged either: a stolen wake-up delays one path and not the other.
 const (
 	// MaxForeignLoadPerCPU is the most CPU other work may use, per CPU of
 	// the machine, for a cell to count: 1 on 2 CPUs.
@@ -30,6 +36,9 @@ const (
 	// DriftWindows is how many consecutive windows of rounds a cell's
 	// samples are split into to measure drift.
 	DriftWindows = 4
+	// MaxSteal is the largest share of the machine's CPU time the
+	// hypervisor may have stolen during a cell for it to count.
+	MaxSteal = 0.05
 )
 
 // Conditions is how busy the machine was while one cell was measured. All
@@ -51,6 +60,11 @@ type Conditions struct {
 	// used during the cell: machine busy time (/proc/stat) minus the
 	// benchmark's own (/proc/<pid>/stat). -1 when unknown.
 	ForeignCPU float64 `json:"foreign_cpu"`
+	// Steal is the share of the machine's CPU time (all of /proc/stat's
+	// "cpu" line) that was steal during the cell: time a vCPU wanted to
+	// run while the hypervisor ran something else. nil when not recorded
+	// (a results file from before it was, or no /proc/stat).
+	Steal *float64 `json:"steal,omitempty"`
 }
 
 // Drift is how far windowed p50s moved: (max − min) ÷ min; 0 for fewer
@@ -81,7 +95,7 @@ func Unreliable(cells ...*Latency) string {
 		if l == nil {
 			continue
 		}
-		if s := UnreliableConditions(l.Conditions); s != "" {
+		for _, s := range conditionsReasons(l.Conditions) {
 			add(s)
 		}
 		if IsFloor(l.Variant) {
@@ -95,18 +109,31 @@ func Unreliable(cells ...*Latency) string {
 
 // UnreliableConditions says why a measurement taken under c cannot support
 // a verdict, or "" when it can: other work's CPU above MaxForeignLoadPerCPU
-// of the machine, or not known. Unreliable applies it to every cell;
-// BenchmarkKubeletLoad to its window.
+// of the machine, steal above MaxSteal, or either not known. Unreliable
+// applies it to every cell; BenchmarkKubeletLoad to its windows.
 func UnreliableConditions(c *Conditions) string {
-	switch {
-	case c == nil:
-		return "load not recorded"
-	case c.ForeignCPU < 0:
-		return "load from other work unknown"
-	case c.ForeignCPU > MaxForeignLoadPerCPU*float64(max(c.NProc, 1)):
-		return fmt.Sprintf("other work used %.1f of %d CPUs", c.ForeignCPU, c.NProc)
+	return strings.Join(conditionsReasons(c), "; ")
+}
+
+// conditionsReasons are UnreliableConditions' reasons, one by one.
+func conditionsReasons(c *Conditions) []string {
+	if c == nil {
+		return []string{"load not recorded"}
 	}
-	return ""
+	var why []string
+	switch {
+	case c.ForeignCPU < 0:
+		why = append(why, "load from other work unknown")
+	case c.ForeignCPU > MaxForeignLoadPerCPU*float64(max(c.NProc, 1)):
+		why = append(why, fmt.Sprintf("other work used %.1f of %d CPUs", c.ForeignCPU, c.NProc))
+	}
+	switch {
+	case c.Steal == nil:
+		why = append(why, "steal not recorded")
+	case *c.Steal > MaxSteal:
+		why = append(why, fmt.Sprintf("the hypervisor stole %.1f%% of the CPU time", *c.Steal*100))
+	}
+	return why
 }
 
 // judged is a verdict that says so when its cells were measured under load.
@@ -222,7 +249,11 @@ func fmtConditions(c *Conditions) string {
 	if c.ForeignCPU >= 0 {
 		other = fmt.Sprintf("other work %.2f CPU", c.ForeignCPU)
 	}
-	return fmt.Sprintf("%s; load %.1f→%.1f; run queue %.1f (max %d)", other, c.Load1Start, c.Load1Max, c.RunQueueMean, c.RunQueueMax)
+	steal := "steal ?"
+	if c.Steal != nil {
+		steal = fmt.Sprintf("steal %.1f%%", *c.Steal*100)
+	}
+	return fmt.Sprintf("%s; %s; load %.1f→%.1f; run queue %.1f (max %d)", other, steal, c.Load1Start, c.Load1Max, c.RunQueueMean, c.RunQueueMax)
 }
 
 // vsFloorTable is section 1's per-call comparison of inplaced with the Go
@@ -258,7 +289,10 @@ func conditionsNote(b *strings.Builder) {
 	fmt.Fprintf(b, "*Conditions* (every cell): *other work* is the CPU time, in CPUs, that processes outside the benchmark used during the cell "+
 		"(machine busy time from `/proc/stat` minus the CPU time of the test binary and the processes it started); *load* is the 1-minute load "+
 		"average at the cell's start and its highest during it, *run queue* `/proc/stat` `procs_running` sampled every 100 ms — both "+
-		"include the benchmark's own work, about one CPU at 1 caller. A verdict is **unreliable** when other work used more than %.0f%% of the "+
-		"CPUs (1 on 2 CPUs) during one of its cells, or when a floor's p50 moved by more than %.0f%% between the %d windows of its cell's rounds: "+
-		"a byte relay costs the same in every round on a quiet machine.\n\n", MaxForeignLoadPerCPU*100, MaxFloorDrift*100, DriftWindows)
+		"include the benchmark's own work, about one CPU at 1 caller; *steal* is the share of the machine's CPU time that `/proc/stat` counts as "+
+		"steal during the cell (this is a virtual machine: time a vCPU wanted to run while the hypervisor ran another guest, which no process "+
+		"inside the machine shows). A verdict is **unreliable** when other work used more than %.0f%% of the "+
+		"CPUs (1 on 2 CPUs) during one of its cells, when steal exceeded %.0f%% of the machine's CPU time during one of its cells (a stolen "+
+		"wake-up delays one path and not the other), or when a floor's p50 moved by more than %.0f%% between the %d windows of its cell's rounds: "+
+		"a byte relay costs the same in every round on a quiet machine.\n\n", MaxForeignLoadPerCPU*100, MaxSteal*100, MaxFloorDrift*100, DriftWindows)
 }

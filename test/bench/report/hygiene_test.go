@@ -17,12 +17,18 @@ func TestDrift(t *testing.T) {
 	}
 }
 
-// TestUnreliable is the verdict rule: other work above half the CPUs, a
-// floor that moved more than 30% between windows, or no recorded
-// conditions make a verdict unreliable; the benchmark's own load does not.
+// TestUnreliable is the verdict rule: other work above half the CPUs,
+// steal above 5% of the machine's CPU time, a floor that moved more than
+// 30% between windows, or no recorded conditions make a verdict
+// unreliable; the benchmark's own load does not.
 func TestUnreliable(t *testing.T) {
 	cond := func(foreign float64) *Conditions {
-		return &Conditions{NProc: 2, Load1Start: 1.5, Load1Max: 2.5, RunQueueMean: 2, RunQueueMax: 5, ForeignCPU: foreign}
+		return &Conditions{NProc: 2, Load1Start: 1.5, Load1Max: 2.5, RunQueueMean: 2, RunQueueMax: 5, ForeignCPU: foreign, Steal: new(0.01)}
+	}
+	stolen := func(steal *float64) *Conditions {
+		c := cond(0.2)
+		c.Steal = steal
+		return c
 	}
 	px := func(c *Conditions) *Latency { return &Latency{Method: "Version", Conditions: c} }
 	floor := func(c *Conditions, w ...int64) *Latency {
@@ -41,7 +47,12 @@ func TestUnreliable(t *testing.T) {
 		{"no conditions", []*Latency{px(nil)}, "load not recorded"},
 		{"foreign unknown", []*Latency{px(cond(-1))}, "load from other work unknown"},
 		{"both reasons, once each", []*Latency{px(cond(1.5)), floor(cond(1.5), 100, 200)}, "other work used 1.5 of 2 CPUs; Go byte relay moved 100% between rounds"},
-		{"four CPUs allow two", []*Latency{px(&Conditions{NProc: 4, ForeignCPU: 1.9})}, ""},
+		{"four CPUs allow two", []*Latency{px(&Conditions{NProc: 4, ForeignCPU: 1.9, Steal: new(0.0)})}, ""},
+		{"steal at the bound", []*Latency{px(stolen(new(0.05))), floor(stolen(new(0.05)), 100, 100)}, ""},
+		{"steal above 5% in one cell", []*Latency{px(stolen(new(0.02))), floor(stolen(new(0.063)), 100, 100)}, "the hypervisor stole 6.3% of the CPU time"},
+		{"steal not recorded", []*Latency{px(stolen(nil))}, "steal not recorded"},
+		{"other work and steal", []*Latency{px(&Conditions{NProc: 2, ForeignCPU: 1.2, Steal: new(0.08)})},
+			"other work used 1.2 of 2 CPUs; the hypervisor stole 8.0% of the CPU time"},
 	} {
 		got := Unreliable(c.cells...)
 		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
@@ -55,7 +66,7 @@ func TestUnreliable(t *testing.T) {
 // inplaced with the Go floor.
 func TestRenderUnderLoad(t *testing.T) {
 	us := func(n int64) int64 { return n * 1e3 }
-	busy := &Conditions{NProc: 2, Load1Start: 3.9, Load1Max: 4.1, RunQueueMean: 5, RunQueueMax: 9, ForeignCPU: 1.6}
+	busy := &Conditions{NProc: 2, Load1Start: 3.9, Load1Max: 4.1, RunQueueMean: 5, RunQueueMax: 9, ForeignCPU: 1.6, Steal: new(0.012)}
 	in := Input{Machine: Machine{NProc: 2}, Records: []Record{
 		{Latency: &Latency{Backend: "b", Method: "Version", Concurrency: 1, Direct: Summary{P50: us(100)}, Proxy: Summary{P50: us(180)},
 			ProxyCPUPerCall: us(60), Conditions: quiet}},
@@ -78,7 +89,8 @@ func TestRenderUnderLoad(t *testing.T) {
 		"| p50 added ≤ 50 µs, every call, 1 caller | b | 0 of 1 calls within; largest: Version +80 µs | **FAIL** |",
 		"| p50 added ≤ 50 µs, every call, 16 callers | b | 0 of 1 calls within; largest: Version +400 µs | unreliable (other work used 1.6 of 2 CPUs) |",
 		"An *unreliable* verdict was drawn from cells measured while other work",
-		"other work 1.60 CPU; load 3.9→4.1; run queue 5.0 (max 9)",
+		"other work 1.60 CPU; steal 1.2%; load 3.9→4.1; run queue 5.0 (max 9)",
+		"when steal exceeded 5% of the machine's CPU time during one of its cells",
 		"| Version | 1 | 80 µs | 50 µs | 1.60× | 60 µs | 50 µs | 1.20× | 3% | added **PASS**; CPU **PASS** |",
 		"| Version | 16 | 400 µs | 100 µs | 4.00× | 40 µs | 30 µs | 1.33× | 2% | added unreliable (other work used 1.6 of 2 CPUs); CPU unreliable (other work used 1.6 of 2 CPUs) |",
 	} {

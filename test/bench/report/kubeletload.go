@@ -277,9 +277,12 @@ func RenderKubeletLoad(w io.Writer, r KubeletLoadRun, docEnv string) error {
 	}
 	fmt.Fprintf(&b, "*Load*: other work is the CPU time, in CPUs, that processes outside the benchmark (the test binary and every process below it: "+
 		"containerd, its shims and the pods, inplaced, kubelet) used during the window (`/proc/stat` busy time minus theirs). "+
-		"As in [benchmarks.md](benchmarks.md), the CPU verdict is **unreliable** when other work used more than %.0f%% of the CPUs: "+
-		"CPU time is work done, but a contended CPU makes each unit of it dearer (cache, wake-ups) for one process and not the other. "+
-		"Memory, goroutine and fd counts do not depend on how busy the CPUs are and are judged in any case.\n\n", MaxForeignLoadPerCPU*100)
+		"*Steal* is the share of the machine's CPU time that `/proc/stat` counts as steal during the window: this is a virtual machine, and "+
+		"steal is the time a vCPU wanted to run while the hypervisor ran another guest. "+
+		"As in [benchmarks.md](benchmarks.md), the CPU verdict is **unreliable** when other work used more than %.0f%% of the CPUs, or when "+
+		"steal exceeded %.0f%% of the machine's CPU time: CPU time is work done, but a contended CPU makes each unit of it dearer (cache, wake-ups) "+
+		"for one process and not the other. "+
+		"Memory, goroutine and fd counts do not depend on how busy the CPUs are and are judged in any case.\n\n", MaxForeignLoadPerCPU*100, MaxSteal*100)
 
 	for _, k := range r.Loads {
 		l := k.last()

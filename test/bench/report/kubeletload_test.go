@@ -14,7 +14,7 @@ func loadFixture(grow bool) *KubeletLoad {
 		SampleEveryNs: int64(5 * time.Second), ScrapeEveryNs: int64(15 * time.Second), Started: time.Unix(0, 0),
 		Calls: map[string]int64{"ListContainers": 600, "ListPodSandbox": 600}, Scrapes: 40, ScrapeCPUNs: int64(time.Millisecond),
 		VmHWMKiB: 25 << 10, Shims: 60, PodsRunning: 60,
-		Conditions: &Conditions{NProc: 2, ForeignCPU: 0.1}}
+		Conditions: &Conditions{NProc: 2, ForeignCPU: 0.1, Steal: new(0.01)}}
 	for i := 1; i <= 120; i++ {
 		s := LoadSample{AtNs: int64(i) * int64(5*time.Second), InplacedCPUNs: int64(i) * int64(5*time.Millisecond),
 			ContainerdCPUNs: int64(i) * int64(100*time.Millisecond), RSSKiB: 20 << 10, FDs: 30, Threads: 9, Goroutines: -1}
@@ -63,11 +63,19 @@ func TestKubeletLoadVerdicts(t *testing.T) {
 	if strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Errorf("verdicts %q, want %q", got, want)
 	}
+	// Steal above 5% of the machine's CPU time takes the CPU verdict, and
+	// only it.
+	st := loadFixture(false)
+	st.Conditions.Steal = new(0.07)
+	if v := KubeletLoadVerdicts(st); v[0].Result != "unreliable (the hypervisor stole 7.0% of the CPU time)" || v[1].Result != "**PASS**" {
+		t.Errorf("verdicts under steal: %+v", v)
+	}
 	var b strings.Builder
 	if err := RenderKubeletLoad(&b, KubeletLoadRun{NProc: 2, Loads: []*KubeletLoad{k, g}}, "ENV"); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"| 10 | 60 ms | 1.20 s | 5.0% |", "| ListContainers | 600 | 1.00 |", "40 → 41 | **FAIL**"} {
+	for _, s := range []string{"| 10 | 60 ms | 1.20 s | 5.0% |", "| ListContainers | 600 | 1.00 |", "40 → 41 | **FAIL**",
+		"Conditions: other work 0.10 CPU; steal 1.0%;", "or when steal exceeded 5% of the machine's CPU time"} {
 		if !strings.Contains(b.String(), s) {
 			t.Errorf("document lacks %q:\n%s", s, b.String())
 		}

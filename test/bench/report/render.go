@@ -479,8 +479,9 @@ func (d *doc) targets(b *strings.Builder) {
 	b.WriteString("\n")
 	if slices.ContainsFunc(rows, func(r targetRow) bool { return Unreliable(r.cells...) != "" }) {
 		fmt.Fprintf(b, "An *unreliable* verdict was drawn from cells measured while other work used more than %.0f%% of the machine's CPUs, "+
+			"while the hypervisor stole more than %.0f%% of the machine's CPU time (`/proc/stat` steal), "+
 			"or while a floor's p50 moved by more than %.0f%% between the rounds of a cell (section 1, *Conditions*): on this machine such "+
-			"a run says nothing either way about the target; it must be measured again on a quiet machine.\n\n", MaxForeignLoadPerCPU*100, MaxFloorDrift*100)
+			"a run says nothing either way about the target; it must be measured again on a quiet machine.\n\n", MaxForeignLoadPerCPU*100, MaxSteal*100, MaxFloorDrift*100)
 	}
 	if slices.ContainsFunc(rows, func(r targetRow) bool { return r.floor }) {
 		fmt.Fprintf(b, "The *reference* rows apply the targets to floors measured in the same run. Per call: byte relays that only copy "+

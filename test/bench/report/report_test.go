@@ -84,7 +84,7 @@ func TestAppendLoad(t *testing.T) {
 }
 
 // quiet are the conditions of a cell measured on a quiet machine.
-var quiet = &Conditions{NProc: 2, Load1Start: 0.3, Load1Max: 1.1, RunQueueMean: 1.2, RunQueueMax: 3, ForeignCPU: 0.1}
+var quiet = &Conditions{NProc: 2, Load1Start: 0.3, Load1Max: 1.1, RunQueueMean: 1.2, RunQueueMax: 3, ForeignCPU: 0.1, Steal: new(0.004)}
 
 func sampleInput() Input {
 	us := func(n int64) int64 { return n * 1e3 }
