@@ -294,7 +294,7 @@ func criMeasure(b *testing.B, direct *harness.CRIClient, proxies []criProxy, cal
 	us := func(ns int64) float64 { return float64(ns) / 1e3 }
 	for i, p := range proxies {
 		l := &report.Latency{Method: call.name, Concurrency: conc, Rounds: round, Note: call.note, Variant: p.variant,
-			Direct: dir, Proxy: report.Summarize(samples[i+1]), Conditions: cond, WindowP50: windows[i+1]}
+			Direct: dir, Proxy: report.Summarize(samples[i+1]), Conditions: cond, WindowP50: windows[i+1], DirectWindowP50: windows[0]}
 		out = append(out, l)
 		suffix := ""
 		if p.variant != "" {

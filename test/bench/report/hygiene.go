@@ -67,6 +67,15 @@ type Conditions struct {
 	Steal *float64 `json:"steal,omitempty"`
 }
 
+// fmtMoved is the Drift of windowed p50s in a table cell: "–" when there
+// are not two windows.
+func fmtMoved(p50s []int64) string {
+	if len(p50s) < 2 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f%%", Drift(p50s)*100)
+}
+
 // Drift is how far windowed p50s moved: (max − min) ÷ min; 0 for fewer
 // than two windows.
 func Drift(p50s []int64) float64 {
@@ -100,7 +109,11 @@ func Unreliable(cells ...*Latency) string {
 		}
 		if IsFloor(l.Variant) {
 			if d := Drift(l.WindowP50); d > MaxFloorDrift {
-				add(fmt.Sprintf("%s moved %.0f%% between rounds", strings.TrimPrefix(l.Variant, "floor: "), d*100))
+				why := fmt.Sprintf("%s moved %.0f%% between rounds", strings.TrimPrefix(l.Variant, "floor: "), d*100)
+				if len(l.DirectWindowP50) > 1 {
+					why += fmt.Sprintf(" (direct %s)", fmtMoved(l.DirectWindowP50))
+				}
+				add(why)
 			}
 		}
 	}
@@ -268,8 +281,8 @@ func (d *doc) vsFloorTable(b *strings.Builder, be string) {
 	}
 	fmt.Fprintf(b, "inplaced against the Go byte relay in the same rounds (issue 12: added p50 ≤ %.0f× the floor's, CPU per call ≤ %.1f× the floor's):\n\n",
 		TargetAddedVsGoFloor, TargetCPUVsGoFloor)
-	fmt.Fprintf(b, "| Call | Callers | inplaced added p50 | Go floor added p50 | Ratio | inplaced CPU per call | Go floor CPU per call | Ratio | Go floor moved | Verdict |\n")
-	fmt.Fprintf(b, "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
+	fmt.Fprintf(b, "| Call | Callers | inplaced added p50 | Go floor added p50 | Ratio | inplaced CPU per call | Go floor CPU per call | Ratio | Go floor moved | Direct moved | Verdict |\n")
+	fmt.Fprintf(b, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
 	for _, p := range pairs {
 		v := fmt.Sprintf("added %s", judged(p.addedRatio() <= TargetAddedVsGoFloor, p.px, p.floor))
 		cpuR := "–"
@@ -277,9 +290,9 @@ func (d *doc) vsFloorTable(b *strings.Builder, be string) {
 			cpuR = fmtRatio(p.cpuRatio())
 			v += fmt.Sprintf("; CPU %s", judged(p.cpuRatio() <= TargetCPUVsGoFloor, p.px, p.floor))
 		}
-		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s | %s | %.0f%% | %s |\n", p.px.Method, p.px.Concurrency,
+		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", p.px.Method, p.px.Concurrency,
 			fmtDur(p.px.Proxy.P50-p.px.Direct.P50), fmtDur(p.floor.Proxy.P50-p.floor.Direct.P50), fmtRatio(p.addedRatio()),
-			fmtDur(p.px.ProxyCPUPerCall), fmtDur(p.floor.ProxyCPUPerCall), cpuR, Drift(p.floor.WindowP50)*100, v)
+			fmtDur(p.px.ProxyCPUPerCall), fmtDur(p.floor.ProxyCPUPerCall), cpuR, fmtMoved(p.floor.WindowP50), fmtMoved(p.floor.DirectWindowP50), v)
 	}
 	b.WriteString("\n")
 }
@@ -294,5 +307,8 @@ func conditionsNote(b *strings.Builder) {
 		"inside the machine shows). A verdict is **unreliable** when other work used more than %.0f%% of the "+
 		"CPUs (1 on 2 CPUs) during one of its cells, when steal exceeded %.0f%% of the machine's CPU time during one of its cells (a stolen "+
 		"wake-up delays one path and not the other), or when a floor's p50 moved by more than %.0f%% between the %d windows of its cell's rounds: "+
-		"a byte relay costs the same in every round on a quiet machine.\n\n", MaxForeignLoadPerCPU*100, MaxSteal*100, MaxFloorDrift*100, DriftWindows)
+		"a byte relay costs the same in every round on a quiet machine. *Direct moved* is how far the direct path's p50 moved across the same "+
+		"windows, shown beside the floors' to tell the two causes apart — it is not part of the rule: a direct path that moved as much as the floor "+
+		"says the machine changed under the cell (every path saw it); a floor that moved while direct stayed put says its own process was "+
+		"scheduled unevenly.\n\n", MaxForeignLoadPerCPU*100, MaxSteal*100, MaxFloorDrift*100, DriftWindows)
 }

@@ -43,6 +43,10 @@ func TestUnreliable(t *testing.T) {
 		{"exactly at the bound", []*Latency{px(cond(1.0)), floor(cond(1.0), 100, 130)}, ""},
 		{"other work above half the CPUs", []*Latency{px(cond(1.3)), floor(cond(0.2), 100, 100)}, "other work used 1.3 of 2 CPUs"},
 		{"floor moved", []*Latency{px(cond(0.2)), floor(cond(0.2), 100, 131, 120, 110)}, "Go byte relay moved 31% between rounds"},
+		{"floor moved, direct shown but not judged", []*Latency{{Method: "Version", Variant: GoFloor, Conditions: cond(0.2),
+			WindowP50: []int64{100, 140}, DirectWindowP50: []int64{80, 100}}}, "Go byte relay moved 40% between rounds (direct 25%)"},
+		{"direct moving alone is not a hygiene failure", []*Latency{{Method: "Version", Variant: GoFloor, Conditions: cond(0.2),
+			WindowP50: []int64{100, 110}, DirectWindowP50: []int64{80, 200}}}, ""},
 		{"inplaced moving is not a hygiene failure", []*Latency{{Method: "Version", Conditions: cond(0.2), WindowP50: []int64{100, 300}}}, ""},
 		{"no conditions", []*Latency{px(nil)}, "load not recorded"},
 		{"foreign unknown", []*Latency{px(cond(-1))}, "load from other work unknown"},
@@ -71,7 +75,7 @@ func TestRenderUnderLoad(t *testing.T) {
 		{Latency: &Latency{Backend: "b", Method: "Version", Concurrency: 1, Direct: Summary{P50: us(100)}, Proxy: Summary{P50: us(180)},
 			ProxyCPUPerCall: us(60), Conditions: quiet}},
 		{Latency: &Latency{Backend: "b", Method: "Version", Concurrency: 1, Variant: GoFloor, Direct: Summary{P50: us(100)}, Proxy: Summary{P50: us(150)},
-			ProxyCPUPerCall: us(50), Conditions: quiet, WindowP50: []int64{us(150), us(155)}}},
+			ProxyCPUPerCall: us(50), Conditions: quiet, WindowP50: []int64{us(150), us(155)}, DirectWindowP50: []int64{us(100), us(125)}}},
 		{Latency: &Latency{Backend: "b", Method: "Version", Concurrency: 16, Direct: Summary{P50: us(500)}, Proxy: Summary{P50: us(900)},
 			ProxyCPUPerCall: us(40), Conditions: busy}},
 		{Latency: &Latency{Backend: "b", Method: "Version", Concurrency: 16, Variant: GoFloor, Direct: Summary{P50: us(500)}, Proxy: Summary{P50: us(600)},
@@ -91,8 +95,9 @@ func TestRenderUnderLoad(t *testing.T) {
 		"An *unreliable* verdict was drawn from cells measured while other work",
 		"other work 1.60 CPU; steal 1.2%; load 3.9→4.1; run queue 5.0 (max 9)",
 		"when steal exceeded 5% of the machine's CPU time during one of its cells",
-		"| Version | 1 | 80 µs | 50 µs | 1.60× | 60 µs | 50 µs | 1.20× | 3% | added **PASS**; CPU **PASS** |",
-		"| Version | 16 | 400 µs | 100 µs | 4.00× | 40 µs | 30 µs | 1.33× | 2% | added unreliable (other work used 1.6 of 2 CPUs); CPU unreliable (other work used 1.6 of 2 CPUs) |",
+		"| Version | 1 | 80 µs | 50 µs | 1.60× | 60 µs | 50 µs | 1.20× | 3% | 25% | added **PASS**; CPU **PASS** |",
+		"| Version | 1 | floor: Go byte relay | 100 µs | 150 µs | 50 µs | 1.50× | 0 µs | 0 µs | – | 50 µs | 3% | 25% |",
+		"| Version | 16 | 400 µs | 100 µs | 4.00× | 40 µs | 30 µs | 1.33× | 2% | – | added unreliable (other work used 1.6 of 2 CPUs); CPU unreliable (other work used 1.6 of 2 CPUs) |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)

@@ -540,8 +540,8 @@ func (d *doc) latency(b *strings.Builder) {
 			}
 			fmt.Fprintf(b, "\nThe targets above are judged on inplaced as installed.\n\n")
 			conditionsNote(b)
-			fmt.Fprintf(b, "| Call | Callers | Path | Direct p50 | Path p50 | Added p50 | p50 ratio | Direct p99 | Path p99 | p99 ratio | CPU per call | p50 moved between rounds |\n")
-			fmt.Fprintf(b, "|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+			fmt.Fprintf(b, "| Call | Callers | Path | Direct p50 | Path p50 | Added p50 | p50 ratio | Direct p99 | Path p99 | p99 ratio | CPU per call | p50 moved between rounds | Direct moved between rounds |\n")
+			fmt.Fprintf(b, "|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 			for _, l := range vs {
 				name := l.Method
 				if l.Note != "" {
@@ -551,13 +551,10 @@ func (d *doc) latency(b *strings.Builder) {
 				if l.ProxyCPUPerCall > 0 {
 					cpu = fmtDur(l.ProxyCPUPerCall)
 				}
-				moved := "–"
-				if len(l.WindowP50) > 1 {
-					moved = fmt.Sprintf("%.0f%%", Drift(l.WindowP50)*100)
-				}
-				fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name, l.Concurrency, l.Variant,
+				fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name, l.Concurrency, l.Variant,
 					fmtDur(l.Direct.P50), fmtDur(l.Proxy.P50), fmtDur(l.Proxy.P50-l.Direct.P50), fmtRatio(ratio(float64(l.Proxy.P50), float64(l.Direct.P50))),
-					fmtDur(l.Direct.P99), fmtDur(l.Proxy.P99), fmtRatio(ratio(float64(l.Proxy.P99), float64(l.Direct.P99))), cpu, moved)
+					fmtDur(l.Direct.P99), fmtDur(l.Proxy.P99), fmtRatio(ratio(float64(l.Proxy.P99), float64(l.Direct.P99))), cpu,
+					fmtMoved(l.WindowP50), fmtMoved(l.DirectWindowP50))
 			}
 			b.WriteString("\n")
 		}

@@ -118,6 +118,10 @@ type Latency struct {
 	// WindowP50 is this path's p50 in each of DriftWindows consecutive
 	// windows of the cell's rounds: how much it moved while measured.
 	WindowP50 []int64 `json:"window_p50_ns,omitempty"`
+	// DirectWindowP50 is the direct path's p50 in the same windows: when
+	// it moved as much as a floor did, the machine changed under the cell
+	// (every path saw it), not the floor alone.
+	DirectWindowP50 []int64 `json:"direct_window_p50_ns,omitempty"`
 }
 
 // Profile is where inplaced's CPU time went while it relayed the calls of
