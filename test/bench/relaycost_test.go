@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -78,79 +80,107 @@ func BenchmarkRelayCost(b *testing.B) {
 			return err
 		}},
 	} {
-		b.Run(m.name, func(b *testing.B) {
-			ctx := context.Background()
-			const batch = 32
-			samples := make([][]time.Duration, len(paths))
-			rounds := make([][][]time.Duration, len(paths))
-			cpu := make([]time.Duration, len(paths))
-			run := func(i int, record bool) {
-				var c0 time.Duration
-				if paths[i].pid > 0 {
-					c0, _ = procCPU(paths[i].pid)
-				}
-				var s []time.Duration
-				for range batch {
-					t0 := time.Now()
-					if err := m.do(ctx, paths[i].client); err != nil {
+		for _, callers := range []int{1, 16} {
+			b.Run(fmt.Sprintf("%s/callers=%d", m.name, callers), func(b *testing.B) {
+				ctx := context.Background()
+				const batch = 32
+				samples := make([][]time.Duration, len(paths))
+				rounds := make([][][]time.Duration, len(paths))
+				cpu := make([]time.Duration, len(paths))
+				run := func(i int, record bool) {
+					var c0 time.Duration
+					if paths[i].pid > 0 {
+						c0, _ = procCPU(paths[i].pid)
+					}
+					// callers goroutines share the path's one connection (as
+					// kubelet's calls do), batch calls each.
+					s := make([]time.Duration, callers*batch)
+					var wg sync.WaitGroup
+					var failed atomic.Value
+					for c := range callers {
+						wg.Go(func() {
+							for k := range batch {
+								t0 := time.Now()
+								if err := m.do(ctx, paths[i].client); err != nil {
+									failed.Store(err)
+									return
+								}
+								s[c*batch+k] = time.Since(t0)
+							}
+						})
+					}
+					wg.Wait()
+					if err, _ := failed.Load().(error); err != nil {
 						b.Fatalf("%s: %v", paths[i].variant, err)
 					}
-					s = append(s, time.Since(t0))
+					if !record {
+						return
+					}
+					if paths[i].pid > 0 {
+						c1, _ := procCPU(paths[i].pid)
+						cpu[i] += c1 - c0
+					}
+					samples[i] = append(samples[i], s...)
+					rounds[i] = append(rounds[i], s)
 				}
-				if !record {
-					return
+				for i := range paths {
+					run(i, false)
 				}
-				if paths[i].pid > 0 {
-					c1, _ := procCPU(paths[i].pid)
-					cpu[i] += c1 - c0
-				}
-				samples[i] = append(samples[i], s...)
-				rounds[i] = append(rounds[i], s)
-			}
-			for i := range paths {
-				run(i, false)
-			}
-			if relayCostValgrind() {
-				for _, p := range paths[1:] {
-					callgrindControl(b, "-z", p.pid)
-				}
-			}
-			load := startLoadSampler()
-			round := 0
-			one := func() {
-				for k := range paths {
-					run((round+k)%len(paths), true)
-				}
-				round++
-			}
-			for b.Loop() {
-				one()
-			}
-			for len(samples[0]) < minSamples {
-				one()
-			}
-			cond := load.finish()
-			instr := make([]int64, len(paths))
-			if relayCostValgrind() {
-				for i, p := range paths[1:] {
-					instr[i+1] = callgrindDump(b, p.pid, p.cgOut)
-				}
-			}
-			direct := report.Summarize(samples[0])
-			for i, p := range paths[1:] {
-				i++
-				l := &report.Latency{Backend: report.InProcessBackend, Method: m.name, Concurrency: 1, Rounds: round, Variant: p.variant,
-					Phase: "relay cost", Direct: direct, Proxy: report.Summarize(samples[i]), Conditions: cond, WindowP50: windowP50s(rounds[i]),
-					ProxyCPUPerCall: int64(cpu[i]) / int64(len(samples[i])), ProxyInstrPerCall: instr[i] / int64(len(samples[i]))}
 				if relayCostValgrind() {
-					l.ProxyCPUPerCall = 0 // valgrind's own
+					for _, p := range paths[1:] {
+						callgrindControl(b, "-z", p.pid)
+					}
 				}
-				mustAppend(b, report.Record{Latency: l})
-				b.Logf("%-34s %-14s p50 %6.1f µs (direct %6.1f), added %6.1f µs, CPU/call %6.1f µs, instructions/call %d", p.variant, m.name,
-					float64(l.Proxy.P50)/1e3, float64(direct.P50)/1e3, float64(l.Proxy.P50-direct.P50)/1e3, float64(l.ProxyCPUPerCall)/1e3, l.ProxyInstrPerCall)
-			}
-			b.Logf("conditions: %+v", *cond)
-		})
+				counters := make([]*perfCounter, len(paths))
+				if !relayCostValgrind() {
+					for i, p := range paths[1:] {
+						counters[i+1] = startPerfStat(b, p.pid)
+					}
+				}
+				load := startLoadSampler()
+				round := 0
+				one := func() {
+					for k := range paths {
+						run((round+k)%len(paths), true)
+					}
+					round++
+				}
+				for b.Loop() {
+					one()
+				}
+				for len(samples[0]) < minSamples {
+					one()
+				}
+				cond := load.finish()
+				syscalls := make([]float64, len(paths))
+				switches := make([]float64, len(paths))
+				for i, c := range counters {
+					if sc, sw, ok := c.stop(b); ok {
+						syscalls[i], switches[i] = float64(sc)/float64(len(samples[i])), float64(sw)/float64(len(samples[i]))
+					}
+				}
+				instr := make([]int64, len(paths))
+				if relayCostValgrind() {
+					for i, p := range paths[1:] {
+						instr[i+1] = callgrindDump(b, p.pid, p.cgOut)
+					}
+				}
+				direct := report.Summarize(samples[0])
+				for i, p := range paths[1:] {
+					i++
+					l := &report.Latency{Backend: report.InProcessBackend, Method: m.name, Concurrency: callers, Rounds: round, Variant: p.variant,
+						Phase: "relay cost", Direct: direct, Proxy: report.Summarize(samples[i]), Conditions: cond, WindowP50: windowP50s(rounds[i]),
+						ProxyCPUPerCall: int64(cpu[i]) / int64(len(samples[i])), ProxyInstrPerCall: instr[i] / int64(len(samples[i]))}
+					if relayCostValgrind() {
+						l.ProxyCPUPerCall = 0 // valgrind's own
+					}
+					mustAppend(b, report.Record{Latency: l})
+					b.Logf("%-34s %-14s p50 %6.1f µs (direct %6.1f), added %6.1f µs, CPU/call %6.1f µs, syscalls/call %.1f, switches/call %.1f, instructions/call %d", p.variant, m.name,
+						float64(l.Proxy.P50)/1e3, float64(direct.P50)/1e3, float64(l.Proxy.P50-direct.P50)/1e3, float64(l.ProxyCPUPerCall)/1e3, syscalls[i], switches[i], l.ProxyInstrPerCall)
+				}
+				b.Logf("conditions: %+v", *cond)
+			})
+		}
 	}
 }
 
