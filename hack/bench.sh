@@ -11,11 +11,14 @@
 #                      BenchmarkKubePatch $INPLACED_BENCH_KUBE_DOC
 #                      (docs/benchmarks-kubernetes.md), BenchmarkKubeletLoad
 #                      $INPLACED_BENCH_LOAD_DOC (docs/benchmarks-kubelet-load.md;
-#                      its window: INPLACED_BENCH_LOAD_MINUTES, default 10).
+#                      its window: INPLACED_BENCH_LOAD_MINUTES, default 10;
+#                      then the Go byte relay's in inplaced's place:
+#                      INPLACED_BENCH_LOAD_FLOOR_MINUTES, default 5, 0: none).
 #                      Both start a kubelet: on a shared machine run them
 #                      under flock /run/inplaced-kubelet-e2e.lock
 #   BENCH_TIMEOUT=120m go test -timeout (BenchmarkKubeletLoad alone takes
-#                      ~15 min per backend)
+#                      ~21 min per backend: ~15 for inplaced's window, ~6 for
+#                      the floor's)
 #   BENCHTIME=1s       go test -benchtime; the benchmarks also have minimums
 #                      of their own (2000 calls per path and cell, 5
 #                      repetitions per replacement method: INPLACED_BENCH_REPS)

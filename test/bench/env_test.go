@@ -22,9 +22,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -190,31 +188,11 @@ func (p *kubePod) remove(cri *harness.CRIClient) error {
 
 // vmStatus reads VmRSS and VmHWM (KiB) of pid.
 func vmStatus(pid int) (rss, hwm int64, err error) {
-	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	st, err := loadStatus(pid)
 	if err != nil {
 		return 0, 0, err
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) == 0 {
-			continue
-		}
-		n, _ := strconv.ParseInt(f[0], 10, 64)
-		switch k {
-		case "VmRSS":
-			rss = n
-		case "VmHWM":
-			hwm = n
-		}
-	}
-	if rss == 0 {
-		return 0, 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
-	}
-	return rss, hwm, nil
+	return st["VmRSS"], st["VmHWM"], nil
 }
 
 // relayPhase labels in-process relay results ($INPLACED_BENCH_PHASE), e.g.

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,11 +30,7 @@ const (
 func startFloors(b *testing.B, backendSocket string) []criProxy {
 	b.Helper()
 	dir := b.TempDir()
-	floorBin := filepath.Join(dir, "floorrelay")
-	// go test runs in the package's directory.
-	if out, err := exec.Command("go", "build", "-o", floorBin, "./floorrelay").CombinedOutput(); err != nil {
-		b.Fatalf("go build ./test/bench/floorrelay: %v\n%s", err, out)
-	}
+	floorBin := buildFloorRelay(b, dir)
 	goSock := filepath.Join(dir, "floor-go.sock")
 	out := []criProxy{startFloor(b, criFloorGo, goSock, floorBin, goSock, backendSocket)}
 	if socat, err := exec.LookPath("socat"); err == nil {
@@ -48,33 +45,66 @@ func startFloors(b *testing.B, backendSocket string) []criProxy {
 	return out
 }
 
-// startFloor runs argv in a process group of its own (socat forks a child
-// per connection), waits for sock and dials it.
+// buildFloorRelay builds test/bench/floorrelay into dir and returns its
+// path.
+func buildFloorRelay(tb testing.TB, dir string) string {
+	tb.Helper()
+	bin := filepath.Join(dir, "floorrelay")
+	// go test runs in the package's directory.
+	if out, err := exec.Command("go", "build", "-o", bin, "./floorrelay").CombinedOutput(); err != nil {
+		tb.Fatalf("go build ./test/bench/floorrelay: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startFloor runs a floor and dials it.
 func startFloor(b *testing.B, variant, sock string, argv ...string) criProxy {
 	b.Helper()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		b.Fatalf("%s: %v", variant, err)
-	}
-	b.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		_ = cmd.Wait()
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(sock); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("%s: %s did not appear", variant, sock)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	pid := cmd.Process.Pid
+	p := runFloor(b, variant, sock, argv...)
+	pid := p.pid()
 	if variant == criFloorSocat {
 		pid = 0 // the relaying is done by a forked child
 	}
 	return criProxy{variant: variant, pid: pid, cri: harness.DialCRI(b, "unix://"+sock)}
+}
+
+// floorProc is a floor's process, the leader of a process group of its
+// own (socat forks a child per connection).
+type floorProc struct {
+	cmd  *exec.Cmd
+	once sync.Once
+}
+
+// runFloor runs argv as a floor and waits for sock to appear; tb.Cleanup
+// stops it unless stop did.
+func runFloor(tb testing.TB, variant, sock string, argv ...string) *floorProc {
+	tb.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("%s: %v", variant, err)
+	}
+	p := &floorProc{cmd: cmd}
+	tb.Cleanup(p.stop)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			return p
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%s: %s did not appear", variant, sock)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (p *floorProc) pid() int { return p.cmd.Process.Pid }
+
+// stop kills the floor's process group and waits for its leader.
+func (p *floorProc) stop() {
+	p.once.Do(func() {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		_ = p.cmd.Wait()
+	})
 }

@@ -3,8 +3,10 @@ package bench
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -13,9 +15,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/test/bench/report"
@@ -35,6 +40,15 @@ const (
 	loadSettle = 30 * time.Second
 	// loadEnvMinutes sets the window's length in minutes (default 10).
 	loadEnvMinutes = "INPLACED_BENCH_LOAD_MINUTES"
+	// loadEnvFloorMinutes sets the floor window's length in minutes
+	// (default 5; 0: no floor window).
+	loadEnvFloorMinutes = "INPLACED_BENCH_LOAD_FLOOR_MINUTES"
+	// loadReconnect bounds the wait for kubelet's first connection through
+	// the floor relay once it listens.
+	loadReconnect = 2 * time.Minute
+	// loadUnavailable is how kubelet logs a CRI call that could not reach
+	// the runtime (a gRPC status error's text).
+	loadUnavailable = "code = Unavailable"
 	// loadEnvDoc names the markdown file the benchmark writes
 	// (hack/bench.sh: docs/benchmarks-kubelet-load.md).
 	loadEnvDoc = "INPLACED_BENCH_LOAD_DOC"
@@ -46,10 +60,28 @@ const (
 // loadWindow is the measured window: $INPLACED_BENCH_LOAD_MINUTES minutes
 // (a decimal number), default 10.
 func loadWindow() time.Duration {
-	if m, err := strconv.ParseFloat(os.Getenv(loadEnvMinutes), 64); err == nil && m > 0 {
-		return time.Duration(m * float64(time.Minute))
+	if w := loadMinutes(loadEnvMinutes); w > 0 {
+		return w
 	}
 	return 10 * time.Minute
+}
+
+// loadFloorWindow is the floor window: $INPLACED_BENCH_LOAD_FLOOR_MINUTES
+// minutes, default 5; 0 measures none.
+func loadFloorWindow() time.Duration {
+	if w := loadMinutes(loadEnvFloorMinutes); w >= 0 {
+		return w
+	}
+	return 5 * time.Minute
+}
+
+// loadMinutes is $name as a decimal number of minutes, -1 when unset or
+// not a number ≥ 0.
+func loadMinutes(name string) time.Duration {
+	if m, err := strconv.ParseFloat(os.Getenv(name), 64); err == nil && m >= 0 {
+		return time.Duration(m * float64(time.Minute))
+	}
+	return -1
 }
 
 // BenchmarkKubeletLoad is issue 12's must-show 3, what a node pays: a real
@@ -64,15 +96,30 @@ func loadWindow() time.Duration {
 // 10 % of containerd's over the window, its RSS ≤ 30 MiB, no goroutine or
 // fd growth from minute 2 to the last minute.
 //
+// Then the floor window (measureLoadFloor), for reference: inplaced is
+// stopped, the Go byte relay (test/bench/floorrelay) takes its socket,
+// kubelet reconnects, and $INPLACED_BENCH_LOAD_FLOOR_MINUTES minutes
+// (default 5; 0: none) are sampled the same way — the cheapest process
+// there can be on that path, against containerd's CPU under the same
+// calls.
+//
 // It starts a kubelet: run it under `flock /run/inplaced-kubelet-e2e.lock`
 // on a shared machine. With $INPLACED_BENCH_LOAD_DOC set it writes that
 // markdown file (docs/benchmarks-kubelet-load.md from hack/bench.sh); the
 // windows also go to $INPLACED_BENCH_RESULTS (report.Record.KubeletLoad).
 func BenchmarkKubeletLoad(b *testing.B) {
 	harness.KubeletPrerequisites(b)
-	window := loadWindow()
+	window, floorWindow := loadWindow(), loadFloorWindow()
 	if window < 2*time.Minute {
 		b.Fatalf("$%s: the window must be at least 2 minutes (minute 2 is compared with the last), not %s", loadEnvMinutes, window)
+	}
+	var floorBin string
+	if floorWindow > 0 {
+		if floorWindow < loadSampleEvery {
+			b.Fatalf("$%s: the floor window must hold a sample (every %s), not %s", loadEnvFloorMinutes, loadSampleEvery, floorWindow)
+		}
+		// Before any window: a build fails early and its CPU is in none.
+		floorBin = buildFloorRelay(b, b.TempDir())
 	}
 	host, _ := os.Hostname()
 	run := report.KubeletLoadRun{Host: host, CPUModel: kubeProcField("/proc/cpuinfo", "model name"), Kernel: kubeKernel(),
@@ -86,7 +133,7 @@ func BenchmarkKubeletLoad(b *testing.B) {
 	stopSampling := func() { stopOnce.Do(func() { close(stop); <-sampled }) }
 	defer stopSampling()
 	benchBackends(b, func(b *testing.B, c *harness.Containerd) {
-		k, version := measureKubeletLoad(b, c, window)
+		k, version := measureKubeletLoad(b, c, window, floorWindow, floorBin)
 		run.Backends = append(run.Backends, fmt.Sprintf("`%s`: %s", c.Backend, version))
 		run.Loads = append(run.Loads, k)
 		mustAppend(b, report.Record{KubeletLoad: k})
@@ -97,6 +144,9 @@ func BenchmarkKubeletLoad(b *testing.B) {
 		b.Logf("verdicts:\n%s", strings.Join(vs, "\n"))
 		b.ReportMetric(k.CPURatio(), "inplaced/containerd-cpu")
 		b.ReportMetric(float64(k.MaxRSSKiB())/1024, "rss-MiB")
+		if k.Floor != nil {
+			b.ReportMetric(k.Floor.CPURatio(), "floor/containerd-cpu")
+		}
 	})
 	run.Finished = time.Now()
 	stopSampling()
@@ -123,8 +173,10 @@ func BenchmarkKubeletLoad(b *testing.B) {
 }
 
 // measureKubeletLoad runs the pods and the window on containerd c, then
-// tears kubelet, inplaced and containerd down and checks they left nothing.
-func measureKubeletLoad(b *testing.B, c *harness.Containerd, window time.Duration) (*report.KubeletLoad, string) {
+// the floor window if floorWindow > 0 (floorBin: the built floorrelay),
+// then tears kubelet, the relay or inplaced and containerd down and checks
+// they left nothing.
+func measureKubeletLoad(b *testing.B, c *harness.Containerd, window, floorWindow time.Duration, floorBin string) (*report.KubeletLoad, string) {
 	b.Helper()
 	direct := c.CRI(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -177,19 +229,9 @@ func measureKubeletLoad(b *testing.B, c *harness.Containerd, window time.Duratio
 	time.Sleep(loadSettle)
 
 	pids := map[string]int{"inplaced": px.PID(), "containerd": c.PID, "kubelet": kl.PID()}
-	for n, p := range pids {
-		if p == 0 {
-			b.Fatalf("%s is not running", n)
-		}
-	}
 	shims := loadShims(c.Socket)
 	res.Shims = len(shims)
-	cpu0 := map[string]time.Duration{}
-	for n, p := range pids {
-		if cpu0[n], err = procCPU(p); err != nil {
-			b.Fatalf("%s: %v", n, err)
-		}
-	}
+	cpu0 := loadCPUSince(b, pids, nil)
 	shims0 := loadShimsCPU(shims, nil)
 	m0, err := scr.scrape()
 	if err != nil {
@@ -202,24 +244,12 @@ func measureKubeletLoad(b *testing.B, c *harness.Containerd, window time.Duratio
 
 	t0 := res.Started
 	lastScrape := t0
-	for i := 1; ; i++ {
-		next := t0.Add(time.Duration(i) * loadSampleEvery)
-		if next.Sub(t0) > window {
-			break
-		}
-		time.Sleep(time.Until(next))
-		// At its scheduled time (the reads take a few ms more), so that
-		// minute n holds the samples at (n−1) min < t ≤ n min.
-		s := report.LoadSample{AtNs: int64(next.Sub(t0)), Goroutines: -1}
-		cpu := map[string]time.Duration{}
-		for n, p := range pids {
-			if cpu[n], err = procCPU(p); err != nil {
-				b.Fatalf("%s (pid %d) gone during the window: %v", n, p, err)
-			}
-		}
-		s.InplacedCPUNs = int64(cpu["inplaced"] - cpu0["inplaced"])
-		s.ContainerdCPUNs = int64(cpu["containerd"] - cpu0["containerd"])
-		s.KubeletCPUNs = int64(cpu["kubelet"] - cpu0["kubelet"])
+	loadTick(t0, window, func(i int, at time.Duration) {
+		s := report.LoadSample{AtNs: int64(at), Goroutines: -1}
+		cpu := loadCPUSince(b, pids, cpu0)
+		s.InplacedCPUNs = int64(cpu["inplaced"])
+		s.ContainerdCPUNs = int64(cpu["containerd"])
+		s.KubeletCPUNs = int64(cpu["kubelet"])
 		for _, t := range loadShimsCPU(shims, shims0) {
 			s.ShimsCPUNs += int64(t)
 		}
@@ -244,7 +274,7 @@ func measureKubeletLoad(b *testing.B, c *harness.Containerd, window time.Duratio
 			b.Logf("%s: inplaced CPU %s, containerd %s, RSS %d KiB, fds %d, goroutines %d, load %.1f",
 				time.Duration(s.AtNs).Round(time.Second), time.Duration(s.InplacedCPUNs), time.Duration(s.ContainerdCPUNs), s.RSSKiB, s.FDs, s.Goroutines, s.Load1)
 		}
-	}
+	})
 	res.Conditions = sampler.finish()
 	res.WindowNs = int64(time.Since(t0))
 	m1, err := scr.scrape()
@@ -259,21 +289,7 @@ func measureKubeletLoad(b *testing.B, c *harness.Containerd, window time.Duratio
 	}
 	res.Scrapes = scr.n - 1 // the one before the window is not in it
 
-	pods, err := kl.Pods(context.Background())
-	if err != nil {
-		b.Fatalf("kubelet's pods: %v", err)
-	}
-	for i := range pods {
-		if pods[i].Metadata.Namespace != loadNamespace {
-			continue
-		}
-		if harness.Running("app")(&pods[i]) == nil {
-			res.PodsRunning++
-		}
-		for _, cs := range pods[i].Status.ContainerStatuses {
-			res.Restarts += int(cs.RestartCount)
-		}
-	}
+	res.PodsRunning, res.Restarts = loadPodsState(b, kl)
 	if res.PodsRunning != loadPods {
 		b.Errorf("%d of %d pods running and ready at the window's end", res.PodsRunning, loadPods)
 	}
@@ -295,13 +311,25 @@ func measureKubeletLoad(b *testing.B, c *harness.Containerd, window time.Duratio
 	if strings.Contains(px.LogTail(1<<30), "panic:") {
 		b.Errorf("inplaced panicked:\n%s", px.LogTail(40))
 	}
-	// Teardown, checked: kubelet and its pods, then inplaced, then containerd.
 	scr.client.CloseIdleConnections()
+	var relay *floorProc
+	if floorWindow > 0 {
+		res.Floor, relay = measureLoadFloor(b, floorBin, floorWindow, px, c, kl, res.Restarts)
+	}
+	// Teardown, checked: kubelet and its pods (through the floor relay when
+	// it took inplaced's socket), then the relay and inplaced, then
+	// containerd.
 	if err := kl.Close(); err != nil {
 		b.Errorf("kubelet close: %v", err)
 	}
 	if l := kl.Leftovers(); len(l) > 0 {
 		b.Errorf("kubelet left behind: %v", l)
+	}
+	if relay != nil {
+		relay.stop()
+		if err := os.Remove(px.Socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			b.Errorf("remove the floor relay's socket: %v", err)
+		}
 	}
 	if err := px.Stop(); err != nil {
 		b.Errorf("stop inplaced: %v", err)
@@ -313,6 +341,164 @@ func measureKubeletLoad(b *testing.B, c *harness.Containerd, window time.Duratio
 		b.Errorf("containerd left behind: %v", l)
 	}
 	return res, v.RuntimeName + " " + v.RuntimeVersion
+}
+
+// measureLoadFloor is the floor window: inplaced px stopped and the Go
+// byte relay floorBin serving its socket in front of containerd c, kubelet
+// kl reconnecting through it by itself, then window sampled as inplaced's
+// was. restarts0 are the container restarts kubelet reported at the end
+// of inplaced's window. It returns with the relay still serving kubelet:
+// the caller stops it after kubelet's teardown.
+func measureLoadFloor(b *testing.B, floorBin string, window time.Duration, px *harness.Inplaced, c *harness.Containerd,
+	kl *harness.Kubelet, restarts0 int) (*report.LoadFloor, *floorProc) {
+	b.Helper()
+	relay, reconnect, err := loadSwitchToFloor(b, px.Stop, px.Socket, c.Socket, floorBin)
+	if err != nil {
+		b.Fatalf("%v\nkubelet log:\n%s", err, kl.LogTail(40))
+	}
+	f := &report.LoadFloor{Relay: report.GoFloor, SettleNs: int64(loadSettle), ReconnectNs: int64(reconnect)}
+	b.Logf("floor: inplaced stopped, kubelet connected through %s (pid %d) %s after it listened", report.GoFloor, relay.pid(),
+		time.Duration(f.ReconnectNs).Round(time.Millisecond))
+	time.Sleep(loadSettle)
+
+	pids := map[string]int{"relay": relay.pid(), "containerd": c.PID, "kubelet": kl.PID()}
+	unavailable0 := len(kl.LogGrep(loadUnavailable))
+	io0, ioErr := loadProcNumbers(relay.pid(), "io")
+	cpu0 := loadCPUSince(b, pids, nil)
+	f.Started = time.Now()
+	sampler := startLoadSampler()
+	b.Logf("floor window of %s", window)
+	loadTick(f.Started, window, func(i int, at time.Duration) {
+		cpu := loadCPUSince(b, pids, cpu0)
+		st, err := loadStatus(relay.pid())
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := report.FloorSample{AtNs: int64(at), RelayCPUNs: int64(cpu["relay"]), ContainerdCPUNs: int64(cpu["containerd"]),
+			KubeletCPUNs: int64(cpu["kubelet"]), RelayRSSKiB: st["VmRSS"]}
+		f.Samples = append(f.Samples, s)
+		if i%12 == 0 {
+			b.Logf("floor %s: relay CPU %s, containerd %s, relay RSS %d KiB", at.Round(time.Second),
+				time.Duration(s.RelayCPUNs), time.Duration(s.ContainerdCPUNs), s.RelayRSSKiB)
+		}
+	})
+	f.Conditions = sampler.finish()
+	f.WindowNs = int64(time.Since(f.Started))
+	if io1, err := loadProcNumbers(relay.pid(), "io"); err == nil && ioErr == nil {
+		if f.RelayReadBytes = io1["rchar"] - io0["rchar"]; f.RelayReadBytes <= 0 {
+			b.Errorf("the floor relay read nothing during its window: kubelet's calls did not go through it")
+		}
+	} else {
+		b.Logf("floor relay's /proc/<pid>/io: %v %v", ioErr, err)
+	}
+
+	// kubelet's calls reached containerd through the relay all along.
+	unavailable := kl.LogGrep(loadUnavailable)
+	f.Unavailable = len(unavailable) - unavailable0
+	if f.Unavailable > 0 {
+		b.Errorf("kubelet logged %d %q errors during the floor window: its calls did not all reach containerd through the relay; the last:\n%s",
+			f.Unavailable, loadUnavailable, unavailable[len(unavailable)-1])
+	}
+	var restarts int
+	f.PodsRunning, restarts = loadPodsState(b, kl)
+	f.Restarts = restarts - restarts0
+	if f.PodsRunning != loadPods {
+		b.Errorf("%d of %d pods running and ready at the floor window's end", f.PodsRunning, loadPods)
+	}
+	if n, err := loadSockets(relay.pid()); err != nil || n < 3 {
+		b.Errorf("kubelet no longer connected through the floor relay at the window's end (%d sockets, %v)", n, err)
+	}
+	return f, relay
+}
+
+// loadSwitchToFloor puts the Go byte relay floorBin in place of what
+// serves sock: stop stops that, the relay listens on sock in front of
+// backendSock, and the client that used sock (kubelet) must connect
+// through it by itself within loadReconnect. It returns the relay, still
+// running, and how long the client took from the relay's listening.
+func loadSwitchToFloor(tb testing.TB, stop func() error, sock, backendSock, floorBin string) (*floorProc, time.Duration, error) {
+	tb.Helper()
+	if err := stop(); err != nil {
+		return nil, 0, fmt.Errorf("stop what served %s: %w", sock, err)
+	}
+	// inplaced removes its socket as it exits; one that a killed inplaced
+	// left would end runFloor's wait before the relay listens.
+	if err := os.Remove(sock); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, 0, err
+	}
+	relay := runFloor(tb, report.GoFloor, sock, floorBin, sock, backendSock)
+	listening := time.Now()
+	// The client's first connection shows as two more sockets of the
+	// relay's beside its listener: the client's side, and the backend's it
+	// dialled.
+	for {
+		n, err := loadSockets(relay.pid())
+		if err != nil {
+			return relay, 0, fmt.Errorf("floor relay: %w", err)
+		}
+		if n >= 3 {
+			return relay, time.Since(listening), nil
+		}
+		if time.Since(listening) > loadReconnect {
+			return relay, 0, fmt.Errorf("no client connected through the floor relay on %s within %s", sock, loadReconnect)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// loadTick calls sample every loadSampleEvery after t0 until window has
+// passed, each at its scheduled time (the reads take a few ms more), so
+// that minute n holds the samples at (n−1) min < at ≤ n min; i counts them
+// from 1.
+func loadTick(t0 time.Time, window time.Duration, sample func(i int, at time.Duration)) {
+	for i := 1; ; i++ {
+		next := t0.Add(time.Duration(i) * loadSampleEvery)
+		if next.Sub(t0) > window {
+			return
+		}
+		time.Sleep(time.Until(next))
+		sample(i, next.Sub(t0))
+	}
+}
+
+// loadCPUSince is each named process's CPU time less base's (nil: as it
+// is); a process that is not running fails the benchmark.
+func loadCPUSince(b *testing.B, pids map[string]int, base map[string]time.Duration) map[string]time.Duration {
+	b.Helper()
+	out := map[string]time.Duration{}
+	for n, p := range pids {
+		if p == 0 {
+			b.Fatalf("%s is not running", n)
+		}
+		t, err := procCPU(p)
+		if err != nil {
+			b.Fatalf("%s (pid %d) gone: %v", n, p, err)
+		}
+		out[n] = t - base[n]
+	}
+	return out
+}
+
+// loadPodsState counts kubelet's pods of loadNamespace running and ready,
+// and their containers' restarts.
+func loadPodsState(b *testing.B, kl *harness.Kubelet) (running, restarts int) {
+	b.Helper()
+	pods, err := kl.Pods(context.Background())
+	if err != nil {
+		b.Fatalf("kubelet's pods: %v", err)
+	}
+	for i := range pods {
+		if pods[i].Metadata.Namespace != loadNamespace {
+			continue
+		}
+		if harness.Running("app")(&pods[i]) == nil {
+			running++
+		}
+		for _, cs := range pods[i].Status.ContainerStatuses {
+			restarts += int(cs.RestartCount)
+		}
+	}
+	return running, restarts
 }
 
 // loadWaitPods waits until kubelet runs loadPods pods of loadNamespace,
@@ -478,7 +664,17 @@ func loadShimsCPU(pids []int, base map[int]time.Duration) map[int]time.Duration 
 // loadStatus reads the numeric fields of /proc/<pid>/status (sizes in
 // KiB): VmRSS, VmHWM, RssAnon, RssFile, Threads, ...
 func loadStatus(pid int) (map[string]int64, error) {
-	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	out, err := loadProcNumbers(pid, "status")
+	if err == nil && out["VmRSS"] == 0 {
+		err = fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	}
+	return out, err
+}
+
+// loadProcNumbers reads the "key: number ..." lines of /proc/<pid>/<file>
+// (status, io).
+func loadProcNumbers(pid int, file string) (map[string]int64, error) {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), file))
 	if err != nil {
 		return nil, err
 	}
@@ -491,14 +687,104 @@ func loadStatus(pid int) (map[string]int64, error) {
 			}
 		}
 	}
-	if out["VmRSS"] == 0 {
-		return nil, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
-	}
 	return out, nil
+}
+
+// loadSockets counts pid's open sockets.
+func loadSockets(pid int) (int, error) {
+	dir := filepath.Join("/proc", strconv.Itoa(pid), "fd")
+	ents, err := os.ReadDir(dir)
+	n := 0
+	for _, e := range ents {
+		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && strings.HasPrefix(l, "socket:") {
+			n++
+		}
+	}
+	return n, err
 }
 
 // loadFDs counts pid's open file descriptors.
 func loadFDs(pid int) (int, error) {
 	ents, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "fd"))
 	return len(ents), err
+}
+
+// TestLoadSwitchToFloor is BenchmarkKubeletLoad's switch to its floor
+// window without kubelet or containerd: a gRPC client (kubelet's part)
+// calls through a relay on one socket (inplaced's part) to an in-memory
+// CRI server (containerd's). The relay is killed, leaving its socket file;
+// loadSwitchToFloor puts the floor relay on that socket, the client's
+// calls must flow again by themselves, and what the benchmark reads of the
+// relay (its sockets, /proc/<pid>/io) must say so.
+func TestLoadSwitchToFloor(t *testing.T) {
+	dir := t.TempDir()
+	backendSock := filepath.Join(dir, "backend.sock")
+	lis, err := net.Listen("unix", backendSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	runtimeapi.RegisterRuntimeServiceServer(srv, &relayBackend{})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	bin := buildFloorRelay(t, dir)
+	sock := filepath.Join(dir, "i.sock")
+	before := runFloor(t, "before", sock, bin, sock, backendSock)
+
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client := runtimeapi.NewRuntimeServiceClient(conn)
+	call := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := client.Version(ctx, &runtimeapi.VersionRequest{})
+		return err
+	}
+	if err := call(); err != nil {
+		t.Fatal(err)
+	}
+	// As kubelet relists: a call every 100 ms, answered or not.
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+				_ = call()
+			}
+		}
+	}()
+	relay, took, err := loadSwitchToFloor(t, func() error { before.stop(); return nil }, sock, backendSock, bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the client connected through the floor relay %s after it listened", took)
+	io0, err := loadProcNumbers(relay.pid(), "io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		if err := call(); err != nil {
+			t.Fatalf("through the floor relay: %v", err)
+		}
+	}
+	close(stop)
+	<-done
+	io1, err := loadProcNumbers(relay.pid(), "io")
+	if err != nil || io1["rchar"] <= io0["rchar"] {
+		t.Errorf("the relay's rchar %d → %d (%v): the calls did not go through it", io0["rchar"], io1["rchar"], err)
+	}
+	if n, err := loadSockets(relay.pid()); err != nil || n < 3 {
+		t.Errorf("%d sockets (%v), want the listener and a connection each way", n, err)
+	}
+	pid := relay.pid()
+	relay.stop()
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("the relay (pid %d) is still there after stop: %v", pid, err)
+	}
 }

@@ -66,6 +66,83 @@ type KubeletLoad struct {
 	PodsRunning int `json:"pods_running"`
 	// Conditions is how busy the machine was during the window.
 	Conditions *Conditions `json:"conditions,omitempty"`
+	// Floor is the window measured after this one with the Go byte relay
+	// in inplaced's place; nil when not measured.
+	Floor *LoadFloor `json:"floor,omitempty"`
+}
+
+// LoadFloor is BenchmarkKubeletLoad's floor window on one backend: after
+// inplaced's window, on the same kubelet and pods, inplaced is stopped and
+// the Go byte relay (test/bench/floorrelay: io.Copy each way, parsing
+// nothing) listens on inplaced's socket; kubelet reconnects by itself.
+// The cheapest process there can be on that path, under the same calls:
+// what its CPU is against containerd's says what any proxy could show.
+type LoadFloor struct {
+	// Relay names what ran in inplaced's place (GoFloor).
+	Relay string `json:"relay"`
+	// ReconnectNs is from the relay listening until kubelet's first
+	// connection through it; SettleNs the wait after that before the
+	// window.
+	ReconnectNs int64         `json:"reconnect_ns"`
+	SettleNs    int64         `json:"settle_ns"`
+	Started     time.Time     `json:"started"`
+	WindowNs    int64         `json:"window_ns"`
+	Samples     []FloorSample `json:"samples"`
+	// RelayReadBytes is what the relay read during the window, both
+	// directions (/proc/<pid>/io rchar).
+	RelayReadBytes int64 `json:"relay_read_bytes"`
+	// Unavailable counts kubelet's log lines with "code = Unavailable"
+	// written during the window: 0 when every call reached containerd.
+	Unavailable int `json:"unavailable"`
+	// PodsRunning are the pods running and ready at the window's end;
+	// Restarts the container restarts kubelet reported between the end of
+	// inplaced's window and the end of this one.
+	PodsRunning int `json:"pods_running"`
+	Restarts    int `json:"restarts"`
+	// Conditions is how busy the machine was during the window.
+	Conditions *Conditions `json:"conditions,omitempty"`
+}
+
+// FloorSample is one reading during the floor window; CPU times are
+// cumulative from its start.
+type FloorSample struct {
+	AtNs            int64 `json:"at_ns"`
+	RelayCPUNs      int64 `json:"relay_cpu_ns"`
+	ContainerdCPUNs int64 `json:"containerd_cpu_ns"`
+	KubeletCPUNs    int64 `json:"kubelet_cpu_ns"`
+	RelayRSSKiB     int64 `json:"relay_rss_kib"`
+}
+
+func (f *LoadFloor) last() FloorSample { return lastSample(f.Samples) }
+
+// CPURatio is the relay's CPU time over its window ÷ containerd's daemon's
+// in the same window.
+func (f *LoadFloor) CPURatio() float64 {
+	l := f.last()
+	return ratio(float64(l.RelayCPUNs), float64(l.ContainerdCPUNs))
+}
+
+// MaxRSSKiB is the relay's highest VmRSS sampled.
+func (f *LoadFloor) MaxRSSKiB() int64 {
+	return maxSample(f.Samples, func(s FloorSample) int64 { return s.RelayRSSKiB })
+}
+
+// lastSample is the last of samples, the zero sample when there is none.
+func lastSample[S any](samples []S) S {
+	var last S
+	if len(samples) > 0 {
+		last = samples[len(samples)-1]
+	}
+	return last
+}
+
+// maxSample is the highest value of f over samples, 0 for none.
+func maxSample[S any](samples []S, f func(S) int64) int64 {
+	var m int64
+	for _, s := range samples {
+		m = max(m, f(s))
+	}
+	return m
 }
 
 // LoadSample is one reading during the window.
@@ -90,12 +167,7 @@ type LoadSample struct {
 	Load1        float64 `json:"load1"`
 }
 
-func (k *KubeletLoad) last() LoadSample {
-	if len(k.Samples) == 0 {
-		return LoadSample{}
-	}
-	return k.Samples[len(k.Samples)-1]
-}
+func (k *KubeletLoad) last() LoadSample { return lastSample(k.Samples) }
 
 // CPURatio is inplaced's CPU time over the window ÷ containerd's daemon's.
 func (k *KubeletLoad) CPURatio() float64 {
@@ -105,11 +177,7 @@ func (k *KubeletLoad) CPURatio() float64 {
 
 // MaxRSSKiB is the highest VmRSS sampled during the window.
 func (k *KubeletLoad) MaxRSSKiB() int64 {
-	var m int64
-	for _, s := range k.Samples {
-		m = max(m, s.RSSKiB)
-	}
-	return m
+	return maxSample(k.Samples, func(s LoadSample) int64 { return s.RSSKiB })
 }
 
 // MaxRSS is the sample with the highest VmRSS.
@@ -178,7 +246,9 @@ type KubeletLoadRun struct {
 	Rendered string
 }
 
-// KubeletLoadVerdicts are the must-show's four verdicts of one window.
+// KubeletLoadVerdicts are the must-show's four verdicts of one window,
+// and after the CPU verdict, when the floor window was measured, its
+// reference row: the same target applied to the Go byte relay.
 func KubeletLoadVerdicts(k *KubeletLoad) []struct{ Target, Measured, Result string } {
 	var out []struct{ Target, Measured, Result string }
 	add := func(t, m, r string) { out = append(out, struct{ Target, Measured, Result string }{t, m, r}) }
@@ -189,6 +259,19 @@ func KubeletLoadVerdicts(k *KubeletLoad) []struct{ Target, Measured, Result stri
 	}
 	add(fmt.Sprintf("inplaced's CPU over the window ≤ %.0f%% of containerd's", TargetLoadCPURatio*100),
 		fmt.Sprintf("%.1f%% (%s ÷ %s)", k.CPURatio()*100, fmtCPU(l.InplacedCPUNs), fmtCPU(l.ContainerdCPUNs)), cpu)
+	if f := k.Floor; f != nil {
+		fl := f.last()
+		res := "met by the floor"
+		if f.CPURatio() > TargetLoadCPURatio {
+			res = "not met even by the floor"
+		}
+		if why := UnreliableConditions(f.Conditions); why != "" {
+			res = "unreliable (" + why + ")"
+		}
+		add(fmt.Sprintf("reference, *%s* in inplaced's place, its own window: its CPU ≤ %.0f%% of containerd's", f.Relay, TargetLoadCPURatio*100),
+			fmt.Sprintf("%.1f%% (%s ÷ %s over %s); inplaced's %.1f%% is %s the floor's", f.CPURatio()*100, fmtCPU(fl.RelayCPUNs),
+				fmtCPU(fl.ContainerdCPUNs), time.Duration(f.WindowNs).Round(time.Second), k.CPURatio()*100, fmtRatio(ratio(k.CPURatio(), f.CPURatio()))), res)
+	}
 	mx := k.MaxRSS()
 	add(fmt.Sprintf("inplaced's RSS (VmRSS) ≤ %d MiB during the window", TargetLoadRSSKiB>>10),
 		fmt.Sprintf("max %s: %s anonymous + %s file-backed (VmHWM, the kernel's peak since start, the pods' creation included: %s)",
@@ -283,6 +366,21 @@ func RenderKubeletLoad(w io.Writer, r KubeletLoadRun, docEnv string) error {
 		"steal exceeded %.0f%% of the machine's CPU time: CPU time is work done, but a contended CPU makes each unit of it dearer (cache, wake-ups) "+
 		"for one process and not the other. "+
 		"Memory, goroutine and fd counts do not depend on how busy the CPUs are and are judged in any case.\n\n", MaxForeignLoadPerCPU*100, MaxSteal*100)
+	if i := slices.IndexFunc(r.Loads, func(k *KubeletLoad) bool { return k.Floor != nil }); i >= 0 {
+		k := r.Loads[i]
+		fmt.Fprintf(&b, "**The floor window.** containerd's daemon may use little CPU for kubelet's calls (containerd 1.6 does), so the ratio "+
+			"needs a reference: what the cheapest process there can be on the same path costs under the same calls. After inplaced's window, "+
+			"with the same kubelet and the same %d pods, inplaced is stopped and `test/bench/floorrelay` listens on inplaced's socket: a Go byte relay, "+
+			"one goroutine per direction doing `io.Copy` between kubelet's connection and containerd's socket, parsing nothing (not a CRI proxy: "+
+			"it cannot see a method). kubelet's gRPC clients reconnect by themselves. Once kubelet's first connection has come through the relay, "+
+			"and %s more, a window of %s is sampled as inplaced's was, every %s: the relay's, containerd's and kubelet's CPU time and the relay's RSS. "+
+			"That kubelet's calls reach containerd through it is checked: kubelet must log no `code = Unavailable` error during the window, and "+
+			"every pod must still be running and ready at its end (the benchmark fails otherwise). The %.0f%% verdict stays inplaced's; the floor's "+
+			"row is a reference: a target the floor does not meet cannot be met by any process between kubelet and containerd on this backend. "+
+			"The two windows follow each other, they are not the same one: each process is compared with containerd's CPU in its own window, "+
+			"and *inplaced's ÷ the floor's* divides the two ratios.\n\n",
+			k.Pods, time.Duration(k.Floor.SettleNs), time.Duration(k.Floor.WindowNs).Round(time.Second), time.Duration(k.SampleEveryNs), TargetLoadCPURatio*100)
+	}
 
 	for _, k := range r.Loads {
 		l := k.last()
@@ -331,6 +429,7 @@ func RenderKubeletLoad(w io.Writer, r KubeletLoadRun, docEnv string) error {
 			}
 			b.WriteString("\n")
 		}
+		floorSection(&b, k)
 		fmt.Fprintf(&b, "Minute by minute (CPU in that minute; RSS, goroutines and fds as min–max of the minute's samples):\n\n")
 		fmt.Fprintf(&b, "| Minute | inplaced CPU | containerd CPU | Ratio | inplaced VmRSS | of it anonymous | Go heap in use | Goroutines | Open fds | Threads | 1-min load |\n")
 		fmt.Fprintf(&b, "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
@@ -400,4 +499,34 @@ func loadRange(l []float64) string {
 	s := slices.Clone(l)
 	slices.Sort(s)
 	return fmt.Sprintf("%.1f–%.1f–%.1f", s[0], s[len(s)/2], s[len(s)-1])
+}
+
+// floorSection writes backend k's floor window beside inplaced's, if it
+// was measured.
+func floorSection(b *strings.Builder, k *KubeletLoad) {
+	f := k.Floor
+	if f == nil {
+		return
+	}
+	l, fl := k.last(), f.last()
+	read := ""
+	if f.RelayReadBytes > 0 {
+		read = fmt.Sprintf("; the relay read %s (both directions)", fmtKiB(f.RelayReadBytes>>10))
+	}
+	fmt.Fprintf(b, "The floor window (*%s* in inplaced's place, same kubelet and pods): %s → %s UTC (%s); kubelet's first connection came through "+
+		"the relay %s after it listened; kubelet logged %d `code = Unavailable` errors during the window; %d pods running and ready at its end "+
+		"(%d container restarts since inplaced's window)%s. Conditions: %s.\n\n",
+		f.Relay, f.Started.UTC().Format("2006-01-02 15:04:05"), f.Started.Add(time.Duration(f.WindowNs)).UTC().Format("15:04:05"),
+		time.Duration(f.WindowNs).Round(time.Second), fmtDur(f.ReconnectNs), f.Unavailable, f.PodsRunning, f.Restarts,
+		read, fmtConditions(f.Conditions))
+	fmt.Fprintf(b, "| In kubelet's path | Window | Its CPU | Of one CPU | containerd's CPU | Its CPU ÷ containerd's | kubelet's CPU | Its highest VmRSS |\n")
+	fmt.Fprintf(b, "|---|--:|--:|--:|--:|--:|--:|--:|\n")
+	row := func(name string, windowNs, cpu, ctrd, kubelet, rssKiB int64) {
+		fmt.Fprintf(b, "| %s | %s | %s | %.2f%% | %s | %.1f%% | %s | %s |\n", name, time.Duration(windowNs).Round(time.Second), fmtCPU(cpu),
+			ratio(float64(cpu), float64(windowNs))*100, fmtCPU(ctrd), ratio(float64(cpu), float64(ctrd))*100, fmtCPU(kubelet), fmtKiB(rssKiB))
+	}
+	row("inplaced", k.WindowNs, l.InplacedCPUNs, l.ContainerdCPUNs, l.KubeletCPUNs, k.MaxRSSKiB())
+	row(f.Relay, f.WindowNs, fl.RelayCPUNs, fl.ContainerdCPUNs, fl.KubeletCPUNs, f.MaxRSSKiB())
+	fmt.Fprintf(b, "\ninplaced's share of containerd's CPU ÷ the floor's: **%s** (%.1f%% ÷ %.1f%%).\n\n",
+		fmtRatio(ratio(k.CPURatio(), f.CPURatio())), k.CPURatio()*100, f.CPURatio()*100)
 }

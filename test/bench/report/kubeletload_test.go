@@ -1,6 +1,7 @@
 package report
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -79,5 +80,82 @@ func TestKubeletLoadVerdicts(t *testing.T) {
 		if !strings.Contains(b.String(), s) {
 			t.Errorf("document lacks %q:\n%s", s, b.String())
 		}
+	}
+}
+
+// floorFixture is a 5-minute floor window sampled every 5 s: the relay at
+// relayMs per sample, containerd at 100 ms per sample.
+func floorFixture(relayMs int64) *LoadFloor {
+	f := &LoadFloor{Relay: GoFloor, ReconnectNs: int64(1200 * time.Millisecond), SettleNs: int64(30 * time.Second),
+		Started: time.Unix(700, 0), WindowNs: int64(5 * time.Minute), RelayReadBytes: 300 << 20, PodsRunning: 60,
+		Conditions: &Conditions{NProc: 2, ForeignCPU: 0.1, Steal: new(0.01)}}
+	for i := int64(1); i <= 60; i++ {
+		f.Samples = append(f.Samples, FloorSample{AtNs: i * int64(5*time.Second), RelayCPUNs: i * relayMs * int64(time.Millisecond),
+			ContainerdCPUNs: i * int64(100*time.Millisecond), KubeletCPUNs: i * int64(50*time.Millisecond), RelayRSSKiB: 6 << 10})
+	}
+	return f
+}
+
+// TestKubeletLoadFloor: the floor window adds a reference row after the
+// CPU verdict (met, not met, or unreliable under its own conditions),
+// leaves inplaced's verdict alone, and is rendered beside inplaced's.
+func TestKubeletLoadFloor(t *testing.T) {
+	k := loadFixture(false)
+	k.Floor = floorFixture(1)
+	v := KubeletLoadVerdicts(k)
+	if len(v) != 5 || v[0].Result != "**PASS**" || v[1].Result != "met by the floor" {
+		t.Fatalf("verdicts %+v", v)
+	}
+	if want := "1.0% (60 ms ÷ 6.00 s over 5m0s); inplaced's 5.0% is 5.00× the floor's"; v[1].Measured != want {
+		t.Errorf("floor row measured %q, want %q", v[1].Measured, want)
+	}
+	if !strings.HasPrefix(v[1].Target, "reference, *floor: Go byte relay* in inplaced's place") {
+		t.Errorf("floor row target %q", v[1].Target)
+	}
+	k.Floor = floorFixture(15)
+	if v := KubeletLoadVerdicts(k); v[1].Result != "not met even by the floor" || v[0].Result != "**PASS**" {
+		t.Errorf("a floor above the target: %+v", v[:2])
+	}
+	k.Floor.Conditions.Steal = new(0.06)
+	if v := KubeletLoadVerdicts(k); v[1].Result != "unreliable (the hypervisor stole 6.0% of the CPU time)" || v[0].Result != "**PASS**" {
+		t.Errorf("a floor window under steal: %+v", v[:2])
+	}
+
+	k.Floor = floorFixture(1)
+	var b strings.Builder
+	if err := RenderKubeletLoad(&b, KubeletLoadRun{NProc: 2, Loads: []*KubeletLoad{k, loadFixture(false)}}, "ENV"); err != nil {
+		t.Fatal(err)
+	}
+	md := b.String()
+	for _, s := range []string{
+		"**The floor window.**",
+		"| containerd-2.4 | reference, *floor: Go byte relay* in inplaced's place, its own window: its CPU ≤ 10% of containerd's | 1.0% (60 ms ÷ 6.00 s over 5m0s); inplaced's 5.0% is 5.00× the floor's | met by the floor |",
+		"kubelet's first connection came through the relay 1.20 s after it listened; kubelet logged 0 `code = Unavailable` errors",
+		"the relay read 300.0 MiB (both directions)",
+		"| inplaced | 10m0s | 600 ms | 0.10% | 12.00 s | 5.0% | 0 ms | 20.0 MiB |",
+		"| floor: Go byte relay | 5m0s | 60 ms | 0.02% | 6.00 s | 1.0% | 3.00 s | 6.0 MiB |",
+		"inplaced's share of containerd's CPU ÷ the floor's: **5.00×** (5.0% ÷ 1.0%).",
+	} {
+		if !strings.Contains(md, s) {
+			t.Errorf("document lacks %q:\n%s", s, md)
+		}
+	}
+	if n := strings.Count(md, "The floor window ("); n != 1 {
+		t.Errorf("%d floor sections, want 1 (the second backend has none)", n)
+	}
+
+	// The results file keeps it.
+	path := filepath.Join(t.TempDir(), "r.jsonl")
+	t.Setenv(EnvResults, path)
+	if err := Append(Record{KubeletLoad: k}); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := recs[0].KubeletLoad.Floor
+	if f == nil || f.CPURatio() != k.Floor.CPURatio() || len(f.Samples) != 60 || f.Relay != GoFloor || *f.Conditions.Steal != 0.01 {
+		t.Errorf("floor after a round trip: %+v", f)
 	}
 }
