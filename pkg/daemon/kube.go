@@ -4,12 +4,12 @@ import (
 	"fmt"
 
 	"go.uber.org/zap"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/config"
 	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kubeclient"
 	"github.com/inplaced/inplaced/pkg/store"
 	"github.com/inplaced/inplaced/pkg/swap"
 	"github.com/inplaced/inplaced/pkg/version"
@@ -30,7 +30,7 @@ func newKubeController(cfg config.Config, engine *swap.Engine, rt runtimeapi.Run
 		return nil, fmt.Errorf("--kubeconfig %s: %w", cfg.Kubeconfig, err)
 	}
 	rc.UserAgent = "inplaced/" + version.Version
-	client, err := kubernetes.NewForConfig(rc)
+	client, err := kubeclient.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig %s: %w", cfg.Kubeconfig, err)
 	}

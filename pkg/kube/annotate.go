@@ -337,7 +337,7 @@ func (c *Controller) writeStatus(pod *corev1.Pod, st *SwapStatus) {
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationSwapStatus: string(b)}}})
 	ctx, cancel := context.WithTimeout(c.ctx, apiTimeout)
 	defer cancel()
-	if _, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+	if _, err := c.client.Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 		c.log.Warn("cannot write the swap status annotation", zap.String("pod", pod.Namespace+"/"+pod.Name), zap.Error(err))
 		c.cannot(pod, "write "+AnnotationSwapStatus, err)
 	}
@@ -351,7 +351,7 @@ func (c *Controller) setCondition(pod *corev1.Pod, typ string, s corev1.Conditio
 	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []any{cond}}})
 	ctx, cancel := context.WithTimeout(c.ctx, apiTimeout)
 	defer cancel()
-	if _, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+	if _, err := c.client.Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 		c.log.Warn("cannot set pod condition", zap.String("pod", pod.Namespace+"/"+pod.Name), zap.String("condition", typ), zap.Error(err))
 		c.cannot(pod, "set condition "+typ, err)
 	}

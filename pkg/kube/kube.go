@@ -34,12 +34,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/record"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/intercept"
+	"github.com/inplaced/inplaced/pkg/kubeclient"
 	"github.com/inplaced/inplaced/pkg/store"
 	"github.com/inplaced/inplaced/pkg/swap"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
@@ -70,7 +70,8 @@ type Engine interface {
 
 // Options configures a Controller.
 type Options struct {
-	Client   kubernetes.Interface
+	// Client is the API server (kubeclient.Client).
+	Client   kubeclient.Interface
 	NodeName string
 	Engine   Engine
 	// Runtime is the backend (not the proxy): what runs on the node.
@@ -88,7 +89,7 @@ type Options struct {
 // Controller watches this node's pods and holds kubelet's stops for image
 // changes.
 type Controller struct {
-	client        kubernetes.Interface
+	client        kubeclient.Interface
 	node          string
 	engine        Engine
 	rt            runtimeapi.RuntimeServiceClient

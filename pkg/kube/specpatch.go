@@ -68,7 +68,7 @@ func specPatch(pod *corev1.Pod, container, image string) []byte {
 func (c *Controller) canPatchSpec(pod *corev1.Pod, container, image string) error {
 	ctx, cancel := context.WithTimeout(c.ctx, apiTimeout)
 	defer cancel()
-	_, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType,
+	_, err := c.client.Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType,
 		specPatch(pod, container, image), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
 	return err
 }
@@ -94,7 +94,7 @@ func (c *Controller) handOverSpec(pod *corev1.Pod, rec *inplacedv1.SwapRecord, i
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
 		ctx, cancel := context.WithTimeout(c.ctx, apiTimeout)
-		_, err = c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType,
+		_, err = c.client.Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType,
 			specPatch(pod, rec.Container, image), metav1.PatchOptions{})
 		cancel()
 		if err == nil || c.ctx.Err() != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -11,16 +12,16 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/kubeclient"
 	"github.com/inplaced/inplaced/pkg/swap"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
@@ -34,29 +35,44 @@ const secretTimeout = 5 * time.Second
 // logged and the watch resumes when it is back.
 func (c *Controller) Run(ctx context.Context) error {
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
+	broadcaster.StartRecordingToSink(c.client.EventSink())
 	defer broadcaster.Shutdown()
 	c.mu.Lock()
 	c.ctx = ctx
-	c.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "inplaced", Host: c.node})
+	c.recorder = broadcaster.NewRecorder(kubeclient.Scheme, corev1.EventSource{Component: "inplaced", Host: c.node})
 	c.mu.Unlock()
-	factory := informers.NewSharedInformerFactoryWithOptions(c.client, c.resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			// The Node authorizer lets a node list and watch only its pods,
-			// and only with exactly this selector.
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", c.node).String()
-		}))
-	podInformer := factory.Core().V1().Pods()
-	inf := podInformer.Informer()
-	lister := podInformer.Lister()
+	// The Node authorizer lets a node list and watch only its pods, and
+	// only with exactly this selector.
+	podSelector := fields.OneTermEqualSelector("spec.nodeName", c.node).String()
+	pods := c.client.Pods("")
+	inf := c.newInformer(&corev1.Pod{}, "pods", &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = podSelector
+			return pods.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = podSelector
+			return pods.Watch(ctx, o)
+		},
+	})
+	lister := listersv1.NewPodLister(inf.GetIndexer())
 	// The node's own object, for affinity drift (a node may watch itself).
-	nodeFactory := informers.NewSharedInformerFactoryWithOptions(c.client, c.resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.node).String()
-		}))
-	nodeLister := nodeFactory.Core().V1().Nodes().Lister()
-	nodeFactory.Start(ctx.Done())
-	defer nodeFactory.Shutdown()
+	nodeSelector := fields.OneTermEqualSelector("metadata.name", c.node).String()
+	nodes := c.client.Nodes()
+	nodeInf := c.newInformer(&corev1.Node{}, "nodes", &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = nodeSelector
+			return nodes.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = nodeSelector
+			return nodes.Watch(ctx, o)
+		},
+	})
+	nodeLister := listersv1.NewNodeLister(nodeInf.GetIndexer())
+	var informers sync.WaitGroup
+	defer informers.Wait()
+	informers.Go(func() { nodeInf.RunWithContext(ctx) })
 	c.mu.Lock()
 	c.lister, c.nodes = lister, nodeLister
 	c.mu.Unlock()
@@ -84,7 +100,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("pod watch: %w", err)
 	}
-	factory.Start(ctx.Done())
+	informers.Go(func() { inf.RunWithContext(ctx) })
 	c.log.Info("Kubernetes mode: watching this node's pods", zap.String("node", c.node))
 	go func() {
 		if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
@@ -98,7 +114,6 @@ func (c *Controller) Run(ctx context.Context) error {
 	for {
 		key, shutdown := queue.Get()
 		if shutdown {
-			factory.Shutdown()
 			c.cancelAll(errDeleted)
 			return nil
 		}
@@ -110,6 +125,18 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 		queue.Done(key)
 	}
+}
+
+// newInformer is what client-go's generated informer for the type does
+// (the same list and watch semantics, a namespace index), for the one
+// type this client serves.
+func (c *Controller) newInformer(obj runtime.Object, resource string, lw *cache.ListWatch) cache.SharedIndexInformer {
+	return cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, c.client), obj,
+		cache.SharedIndexInformerOptions{
+			ResyncPeriod: c.resync,
+			Indexers:     cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
+			Identifier:   (*cache.InformerName)(nil).WithResource(corev1.SchemeGroupVersion.WithResource(resource)),
+		})
 }
 
 // sync compares one pod's spec with what runs and starts or ends changes.
@@ -379,7 +406,7 @@ func (c *Controller) pullAuths(ch *change) []*inplacedv1.RegistryAuth {
 	var secrets []*corev1.Secret
 	for _, name := range ch.pullSecrets {
 		ctx, cancel := context.WithTimeout(c.ctx, secretTimeout)
-		s, err := c.client.CoreV1().Secrets(ch.namespace).Get(ctx, name, metav1.GetOptions{})
+		s, err := c.client.Secrets(ch.namespace).Get(ctx, name, metav1.GetOptions{})
 		cancel()
 		if err != nil {
 			c.log.Warn("cannot read pull secret; pulling without it", zap.String("secret", ch.namespace+"/"+name), zap.Error(err))
