@@ -22,7 +22,8 @@ const (
 )
 
 // KubeletLoad is one backend's window of BenchmarkKubeletLoad. Durations
-// are in nanoseconds; CPU times are user + system from /proc/<pid>/stat,
+// are in nanoseconds; CPU times are the run time of the process's threads
+// (/proc/<pid>/task/*/schedstat; utime + stime where there is none),
 // cumulative from the window's start.
 type KubeletLoad struct {
 	Backend string `json:"backend"`
@@ -337,8 +338,8 @@ func RenderKubeletLoad(w io.Writer, r KubeletLoadRun, docEnv string) error {
 			"the cost of one scrape to inplaced is measured after the window and shown). The pods have no probes (kubelet's HTTP probes do not go through CRI).\n\n",
 			k.Kubelet, k.Pods, k.Image, time.Duration(k.SettleNs), k.Minutes(), time.Duration(k.ScrapeEveryNs))
 		fmt.Fprintf(&b, "inplaced runs as a node runs it: `%s`.\n\n", k.Inplaced)
-		fmt.Fprintf(&b, "Every %s the benchmark reads `/proc/<pid>/stat` (utime + stime), `/proc/<pid>/status` (VmRSS, VmHWM, Threads) "+
-			"and counts `/proc/<pid>/fd`:\n\n", time.Duration(k.SampleEveryNs))
+		fmt.Fprintf(&b, "Every %s the benchmark reads each process's CPU time (the scheduler's run time of its threads, "+
+			"`/proc/<pid>/task/*/schedstat`), `/proc/<pid>/status` (VmRSS, VmHWM, Threads) and counts `/proc/<pid>/fd`:\n\n", time.Duration(k.SampleEveryNs))
 	}
 	fmt.Fprintf(&b, "- **inplaced**: its one process.\n")
 	fmt.Fprintf(&b, "- **containerd**: containerd's own daemon process only, the process kubelet's calls reach through inplaced. "+

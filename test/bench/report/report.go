@@ -99,11 +99,15 @@ type Latency struct {
 	// Phase tells runs of one build apart, e.g. "before" and "after" a
 	// relay change measured with an in-process relay.
 	Phase string `json:"phase,omitempty"`
-	// Variant names the relay's configuration in BenchmarkRelay:
-	// "interceptors" (inplaced's table) or "bare" (none).
+	// Variant names the path measured beside direct, when it is not
+	// inplaced as installed: in BenchmarkCRI a second inplaced
+	// ("GOMAXPROCS=1") or a floor (IsFloor); in BenchmarkRelay the relay's
+	// configuration, "interceptors" (inplaced's table) or "bare" (none);
+	// in BenchmarkRelayCost the relay process.
 	Variant string `json:"variant,omitempty"`
-	// ProxyCPUPerCall is the CPU time (user + system) inplaced spent during
-	// the cell divided by the calls it relayed, in ns; 0 if unknown.
+	// ProxyCPUPerCall is the CPU time the proxy process spent during the
+	// cell (its threads' run time, /proc/<pid>/task/*/schedstat) divided by
+	// the calls it relayed, in ns; 0 if unknown.
 	ProxyCPUPerCall int64 `json:"proxy_cpu_per_call_ns,omitempty"`
 	// ProxyInstrPerCall is the instructions the proxy process executed per
 	// call (valgrind --tool=callgrind), when measured.
@@ -182,7 +186,7 @@ type Memory struct {
 	VmRSSKiB int64  `json:"vmrss_kib"`
 	VmHWMKiB int64  `json:"vmhwm_kib"` // peak RSS
 	Calls    int64  `json:"calls"`     // calls relayed before the reading
-	CPUNs    int64  `json:"cpu_ns"`    // CPU time (user + system) inplaced used for them
+	CPUNs    int64  `json:"cpu_ns"`    // CPU time inplaced used for them
 }
 
 // Downtime is how long a container name had nothing running while it was
