@@ -24,6 +24,12 @@ const (
 	// criMinSamples is the least number of calls per path and cell, whatever
 	// -benchtime says: p99 needs about a thousand.
 	criMinSamples = 2000
+	// criMinRounds is the least number of rounds per cell. At 16 callers a
+	// round is one batch of 128 calls per path, a few milliseconds: 2000
+	// samples were 16 rounds, 4 per drift window, and a floor's p50 moved
+	// 30-100% between windows on this VM (steal comes in bursts of that
+	// length). 64 rounds make each window 16 batches long.
+	criMinRounds = 64
 	// criProfileTime is how long each call is made through the proxy while
 	// perf samples inplaced.
 	criProfileTime = 1500 * time.Millisecond
@@ -202,7 +208,8 @@ type criProxy struct {
 
 // criMeasure runs call in rounds of one batch per path (direct, then each
 // proxy; the order rotates every round), each batch conc goroutines making
-// perG calls, until b.Loop is done and each path has criMinSamples samples.
+// perG calls, until b.Loop is done, each path has criMinSamples samples and
+// criMinRounds rounds were made.
 // It returns a summary per proxy (each with the same direct summary) and how
 // many calls went through each proxy in all.
 func criMeasure(b *testing.B, direct *harness.CRIClient, proxies []criProxy, call criCall, conc int) ([]*report.Latency, int) {
@@ -281,7 +288,7 @@ func criMeasure(b *testing.B, direct *harness.CRIClient, proxies []criProxy, cal
 	for b.Loop() {
 		one()
 	}
-	for slices.ContainsFunc(samples, func(s []time.Duration) bool { return len(s) < criMinSamples }) {
+	for round < criMinRounds || slices.ContainsFunc(samples, func(s []time.Duration) bool { return len(s) < criMinSamples }) {
 		one()
 	}
 	cond := load.finish()

@@ -20,6 +20,10 @@ import (
 	"github.com/inplaced/inplaced/test/bench/report"
 )
 
+// relayCostMinRounds: a 16-caller round is a few milliseconds; the floor's
+// drift between windows needs many of them (see criMinRounds).
+const relayCostMinRounds = 48
+
 // Relay processes BenchmarkRelayCost measures beside the Go floor.
 const (
 	relayCostRouter = "relay: HTTP/2 router (as served)"
@@ -83,7 +87,9 @@ func BenchmarkRelayCost(b *testing.B) {
 		for _, callers := range []int{1, 16} {
 			b.Run(fmt.Sprintf("%s/callers=%d", m.name, callers), func(b *testing.B) {
 				ctx := context.Background()
-				const batch = 32
+				// As BenchmarkCRI: 32 calls per batch at 1 caller, 8 per
+				// caller at 16, and at least relayCostMinRounds rounds.
+				batch := max(32/callers, 8)
 				samples := make([][]time.Duration, len(paths))
 				rounds := make([][][]time.Duration, len(paths))
 				cpu := make([]time.Duration, len(paths))
@@ -148,7 +154,7 @@ func BenchmarkRelayCost(b *testing.B) {
 				for b.Loop() {
 					one()
 				}
-				for len(samples[0]) < minSamples {
+				for round < relayCostMinRounds || len(samples[0]) < minSamples {
 					one()
 				}
 				cond := load.finish()
@@ -201,7 +207,8 @@ func relayCostBuild(b *testing.B, dir string) map[string]string {
 // socket.
 func relayCostStart(b *testing.B, sock, backend, bin string, flags ...string) int {
 	b.Helper()
-	if dir := os.Getenv("INPLACED_RELAY_COST_KEEP"); dir != "" && strings.HasSuffix(bin, "relayproc") {
+	// A CPU profile's SIGPROF ticks crash valgrind: callgrind's output is the profile there.
+	if dir := os.Getenv("INPLACED_RELAY_COST_KEEP"); dir != "" && strings.HasSuffix(bin, "relayproc") && !relayCostValgrind() {
 		flags = append(flags, "-cpuprofile", filepath.Join(dir, filepath.Base(sock)+".pprof"))
 	}
 	argv := append(append([]string{bin}, flags...), sock, backend)
