@@ -45,30 +45,12 @@ func (c *Controller) Run(ctx context.Context) error {
 	// only with exactly this selector.
 	podSelector := fields.OneTermEqualSelector("spec.nodeName", c.node).String()
 	pods := c.client.Pods("")
-	inf := c.newInformer(&corev1.Pod{}, "pods", &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = podSelector
-			return pods.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = podSelector
-			return pods.Watch(ctx, o)
-		},
-	})
+	inf := c.newInformer(&corev1.Pod{}, "pods", selectedListWatch(podSelector, pods.List, pods.Watch))
 	lister := listersv1.NewPodLister(inf.GetIndexer())
 	// The node's own object, for affinity drift (a node may watch itself).
 	nodeSelector := fields.OneTermEqualSelector("metadata.name", c.node).String()
 	nodes := c.client.Nodes()
-	nodeInf := c.newInformer(&corev1.Node{}, "nodes", &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = nodeSelector
-			return nodes.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = nodeSelector
-			return nodes.Watch(ctx, o)
-		},
-	})
+	nodeInf := c.newInformer(&corev1.Node{}, "nodes", selectedListWatch(nodeSelector, nodes.List, nodes.Watch))
 	nodeLister := listersv1.NewNodeLister(nodeInf.GetIndexer())
 	var informers sync.WaitGroup
 	defer informers.Wait()
@@ -443,5 +425,21 @@ func (c *Controller) cancelAll(why error) {
 	c.mu.Unlock()
 	for _, ch := range all {
 		ch.cancel(why)
+	}
+}
+
+// selectedListWatch lists and watches one resource with a field selector
+// that every request carries, whatever options the informer passes.
+func selectedListWatch[L runtime.Object](selector string, list func(context.Context, metav1.ListOptions) (L, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) *cache.ListWatch {
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = selector
+			return list(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = selector
+			return watchFn(ctx, o)
+		},
 	}
 }
