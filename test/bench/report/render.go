@@ -502,7 +502,7 @@ func (d *doc) latency(b *strings.Builder) {
 		"every container carries kubelet's labels and annotations, so ListContainers answers with a kubelet-sized message. "+
 		"One CRI client connection to containerd's socket (*direct*) and one to inplaced's (*proxy*: client → inplaced → containerd), "+
 		"shared by all callers as kubelet shares its connection. Each call's latency is timed on its own; "+
-		"direct and proxy batches alternate (their order rotating every round) until each path has at least 2000 samples, "+
+		"direct and proxy batches alternate (their order rotating every round) until each path has at least 2000 samples and at least 64 rounds were made, "+
 		"so the two paths see the same machine. Percentiles are nearest-rank over all samples. "+
 		"Added = proxy p50 − direct p50.\n\n", d.populationNote())
 	for _, be := range d.backends {
