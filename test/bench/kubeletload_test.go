@@ -258,7 +258,7 @@ func measureKubeletLoad(b *testing.B, c *harness.Containerd, window, floorWindow
 			b.Fatal(err)
 		}
 		s.RSSKiB, s.RSSAnonKiB, s.RSSFileKiB, s.Threads, res.VmHWMKiB = st["VmRSS"], st["RssAnon"], st["RssFile"], int(st["Threads"]), st["VmHWM"]
-		if s.FDs, err = loadFDs(pids["inplaced"]); err != nil {
+		if s.FDs, err = loadFDs(pids["inplaced"], ""); err != nil {
 			b.Fatal(err)
 		}
 		s.Load1, _ = load1()
@@ -405,7 +405,7 @@ func measureLoadFloor(b *testing.B, floorBin string, window time.Duration, px *h
 	if f.PodsRunning != loadPods {
 		b.Errorf("%d of %d pods running and ready at the floor window's end", f.PodsRunning, loadPods)
 	}
-	if n, err := loadSockets(relay.pid()); err != nil || n < 3 {
+	if n, err := loadFDs(relay.pid(), "socket:"); err != nil || n < 3 {
 		b.Errorf("kubelet no longer connected through the floor relay at the window's end (%d sockets, %v)", n, err)
 	}
 	return f, relay
@@ -432,7 +432,7 @@ func loadSwitchToFloor(tb testing.TB, stop func() error, sock, backendSock, floo
 	// relay's beside its listener: the client's side, and the backend's it
 	// dialled.
 	for {
-		n, err := loadSockets(relay.pid())
+		n, err := loadFDs(relay.pid(), "socket:")
 		if err != nil {
 			return relay, 0, fmt.Errorf("floor relay: %w", err)
 		}
@@ -690,23 +690,21 @@ func loadProcNumbers(pid int, file string) (map[string]int64, error) {
 	return out, nil
 }
 
-// loadSockets counts pid's open sockets.
-func loadSockets(pid int) (int, error) {
+// loadFDs counts pid's open file descriptors whose target starts with
+// prefix ("socket:" for its sockets; "" for all of them).
+func loadFDs(pid int, prefix string) (int, error) {
 	dir := filepath.Join("/proc", strconv.Itoa(pid), "fd")
 	ents, err := os.ReadDir(dir)
+	if prefix == "" {
+		return len(ents), err
+	}
 	n := 0
 	for _, e := range ents {
-		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && strings.HasPrefix(l, "socket:") {
+		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && strings.HasPrefix(l, prefix) {
 			n++
 		}
 	}
 	return n, err
-}
-
-// loadFDs counts pid's open file descriptors.
-func loadFDs(pid int) (int, error) {
-	ents, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "fd"))
-	return len(ents), err
 }
 
 // TestLoadSwitchToFloor is BenchmarkKubeletLoad's switch to its floor
@@ -779,7 +777,7 @@ func TestLoadSwitchToFloor(t *testing.T) {
 	if err != nil || io1["rchar"] <= io0["rchar"] {
 		t.Errorf("the relay's rchar %d → %d (%v): the calls did not go through it", io0["rchar"], io1["rchar"], err)
 	}
-	if n, err := loadSockets(relay.pid()); err != nil || n < 3 {
+	if n, err := loadFDs(relay.pid(), "socket:"); err != nil || n < 3 {
 		t.Errorf("%d sockets (%v), want the listener and a connection each way", n, err)
 	}
 	pid := relay.pid()
