@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -241,6 +242,7 @@ type peer struct {
 	br   *bufio.Reader
 	bw   *bufio.Writer
 	fr   *http2.Framer
+	hdr  *headerBlock // header blocks read from the peer
 	enc  *hpack.Encoder
 	eb   bytes.Buffer
 
@@ -311,8 +313,8 @@ func newPeer(kind int, c net.Conn) *peer {
 		sendConn: 65535, initWindow: 65535, maxFrame: frameSize, recvConn: connWindow, nextID: 1, streams: map[uint32]*stream{}}
 	p.fr = http2.NewFramer(p.bw, p.br)
 	p.fr.SetMaxReadFrameSize(frameSize)
-	p.fr.MaxHeaderListSize = maxHeaderList
-	p.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	p.fr.SetReuseFrames() // DATA frames: handled, or copied, before the next read
+	p.hdr = newHeaderBlock()
 	p.enc = hpack.NewEncoder(&p.eb)
 	return p
 }
@@ -535,26 +537,11 @@ func (s *session) flush() {
 // handle is one frame from p.
 func (s *session) handle(p *peer, f http2.Frame) error {
 	switch f := f.(type) {
-	case *http2.MetaHeadersFrame:
-		if f.Truncated {
-			return connErr{http2.ErrCodeProtocol, "header list too large"}
-		}
-		if p.kind == down {
-			return s.callerHeaders(f)
-		}
-		st := p.streams[f.StreamID]
-		if st == nil {
-			return nil // reset or failed meanwhile
-		}
-		if st.gotEnd[sideUp] {
-			return protoErr("HEADERS after END_STREAM on stream %d", f.StreamID)
-		}
-		if f.StreamEnded() {
-			st.gotEnd[sideUp] = true
-			st.code = statusOf(f.Fields)
-		}
-		st.resp = true
-		s.send(st, sideUp, item{headers: f.Fields, end: f.StreamEnded()})
+	case *http2.HeadersFrame:
+		p.hdr.begin(f)
+		return s.headerFragment(p, f.HeaderBlockFragment(), f.HeadersEnded())
+	case *http2.ContinuationFrame: // the Framer saw that it continues p.hdr's block
+		return s.headerFragment(p, f.HeaderBlockFragment(), f.HeadersEnded())
 	case *http2.DataFrame:
 		return s.data(p, f)
 	case *http2.RSTStreamFrame:
@@ -596,15 +583,41 @@ func (s *session) handle(p *peer, f http2.Frame) error {
 	return nil
 }
 
+// headerFragment decodes a fragment of p's header block and, when it was
+// the last, passes the block on.
+func (s *session) headerFragment(p *peer, frag []byte, last bool) error {
+	h := p.hdr
+	id := h.stream
+	if done, err := h.write(frag, last); !done {
+		return err
+	}
+	if p.kind == down {
+		return s.callerHeaders(id, h.fields, h.end)
+	}
+	st := p.streams[id]
+	if st == nil {
+		return nil // reset or failed meanwhile
+	}
+	if st.gotEnd[sideUp] {
+		return protoErr("HEADERS after END_STREAM on stream %d", id)
+	}
+	if h.end {
+		st.gotEnd[sideUp] = true
+		st.code = statusOf(h.fields)
+	}
+	st.resp = true
+	s.send(st, sideUp, item{headers: h.fields, end: h.end})
+	return nil
+}
+
 // callerHeaders opens a stream or carries the caller's trailers.
-func (s *session) callerHeaders(f *http2.MetaHeadersFrame) error {
-	id := f.StreamID
+func (s *session) callerHeaders(id uint32, fields []hpack.HeaderField, end bool) error {
 	if st := s.streams[id]; st != nil {
 		if st.gotEnd[sideDown] {
 			return connErr{http2.ErrCodeStreamClosed, fmt.Sprintf("HEADERS after END_STREAM on stream %d", id)}
 		}
-		st.gotEnd[sideDown] = f.StreamEnded()
-		s.send(st, sideDown, item{headers: f.Fields, end: f.StreamEnded()})
+		st.gotEnd[sideDown] = end
+		s.send(st, sideDown, item{headers: fields, end: end})
 		return nil
 	}
 	if id%2 == 0 || id <= s.lastID {
@@ -618,12 +631,12 @@ func (s *session) callerHeaders(f *http2.MetaHeadersFrame) error {
 		s.down.dirty = true
 		return nil
 	}
-	method := f.PseudoValue("path")
+	method := pseudoValue(fields, ":path")
 	st := &stream{method: method, unary: s.r.unary[method], code: codes.Unknown}
 	st.ids[sideDown] = id
 	st.win[sideDown] = s.down.initWindow
 	st.recv = [2]int64{streamWindow, streamWindow}
-	st.gotEnd[sideDown] = f.StreamEnded()
+	st.gotEnd[sideDown] = end
 	if s.r.observe != nil {
 		st.start = time.Now()
 	}
@@ -649,7 +662,7 @@ func (s *session) callerHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	st.win[sideUp] = up.initWindow
 	up.streams[st.ids[sideUp]] = st
-	s.send(st, sideDown, item{headers: f.Fields, end: f.StreamEnded()})
+	s.send(st, sideDown, item{headers: fields, end: end})
 	return nil
 }
 
@@ -757,6 +770,7 @@ func (s *session) send(st *stream, from int, it item) {
 		return
 	}
 	it.data = bytes.Clone(it.data) // the framer reuses its buffer
+	it.headers = slices.Clone(it.headers) // and headerBlock its fields
 	st.q[to] = append(st.q[to], it)
 }
 
