@@ -769,7 +769,7 @@ func (s *session) send(st *stream, from int, it item) {
 		s.maybeDone(st)
 		return
 	}
-	it.data = bytes.Clone(it.data) // the framer reuses its buffer
+	it.data = bytes.Clone(it.data)        // the framer reuses its buffer
 	it.headers = slices.Clone(it.headers) // and headerBlock its fields
 	st.q[to] = append(st.q[to], it)
 }
