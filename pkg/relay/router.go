@@ -242,9 +242,8 @@ type peer struct {
 	br   *bufio.Reader
 	bw   *bufio.Writer
 	fr   *http2.Framer
-	hdr  *headerBlock // header blocks read from the peer
-	enc  *hpack.Encoder
-	eb   bytes.Buffer
+	hdr  *headerBlock   // header blocks read from the peer
+	enc  *headerEncoder // header blocks written to it
 
 	sendConn   int64  // connection window the peer granted us
 	initWindow int64  // the peer's SETTINGS_INITIAL_WINDOW_SIZE
@@ -315,7 +314,7 @@ func newPeer(kind int, c net.Conn) *peer {
 	p.fr.SetMaxReadFrameSize(frameSize)
 	p.fr.SetReuseFrames() // DATA frames: handled, or copied, before the next read
 	p.hdr = newHeaderBlock()
-	p.enc = hpack.NewEncoder(&p.eb)
+	p.enc = newHeaderEncoder()
 	return p
 }
 
@@ -1042,7 +1041,7 @@ func (s *session) settings(p *peer, f *http2.SettingsFrame) error {
 		case http2.SettingMaxFrameSize:
 			p.maxFrame = int(set.Val)
 		case http2.SettingHeaderTableSize:
-			p.enc.SetMaxDynamicTableSizeLimit(set.Val)
+			p.enc.limit(set.Val)
 		}
 		return nil
 	})
@@ -1101,11 +1100,11 @@ func (s *session) windowUpdate(p *peer, f *http2.WindowUpdateFrame) error {
 // writeHeaders encodes fields for p and writes them as HEADERS and
 // CONTINUATION frames of at most p's frame size.
 func (p *peer) writeHeaders(id uint32, fields []hpack.HeaderField, end bool) {
-	p.eb.Reset()
+	p.enc.block()
 	for _, f := range fields {
-		_ = p.enc.WriteField(f)
+		p.enc.field(f)
 	}
-	block := p.eb.Bytes()
+	block := p.enc.buf
 	first := true
 	for first || len(block) > 0 {
 		n := min(len(block), p.maxFrame)
