@@ -45,6 +45,7 @@ type Relay struct {
 	filters map[string]StreamFilter
 	gates   map[string]func() bool
 	unary   map[string]bool
+	routes  map[string]route // the router's view of the above, one lookup per stream
 	log     *zap.Logger
 	debug   bool // the log wants every call, with the IDs decoded from it
 	observe Observer
@@ -103,6 +104,7 @@ func New(runtime *grpc.ClientConn, opts ...Option) *Relay {
 	}
 	r.unary = unaryMethods()
 	r.debug = r.log.Core().Enabled(zapcore.DebugLevel)
+	r.routes = r.makeRoutes()
 	return r
 }
 

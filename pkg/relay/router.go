@@ -70,16 +70,42 @@ type Observer func(method string, code codes.Code, elapsed time.Duration)
 // WithObserver installs an observer for every relayed call.
 func WithObserver(o Observer) Option { return func(r *Relay) { r.observe = o } }
 
-// intercepted says whether a new stream of method must go through the gRPC
-// handler rather than straight to the backend.
-func (r *Relay) intercepted(method string) bool {
+// route is what the router needs to know of a method when a stream of it
+// opens, gathered from the relay's options once (Relay.makeRoutes).
+type route struct {
+	unary    bool
+	filtered bool        // a stream filter: always the gRPC handler
+	gate     func() bool // with interceptors: they apply while it says so (nil: always)
+	hasIcs   bool        // interceptors
+}
+
+func (r *Relay) makeRoutes() map[string]route {
+	routes := map[string]route{}
+	for m := range r.unary {
+		routes[m] = route{unary: true}
+	}
+	for m := range r.filters {
+		rt := routes[m]
+		rt.filtered = true
+		routes[m] = rt
+	}
+	for m, ics := range r.table {
+		if len(ics) > 0 {
+			rt := routes[m]
+			rt.hasIcs, rt.gate = true, r.gates[m]
+			routes[m] = rt
+		}
+	}
+	return routes
+}
+
+// intercepted says whether a new stream of a method routed so must go
+// through the gRPC handler rather than straight to the backend.
+func (r *Relay) intercepted(rt route) bool {
 	if r.debug {
 		return true // the debug log decodes the IDs of every call
 	}
-	if _, ok := r.filters[method]; ok {
-		return true
-	}
-	return len(r.table[method]) > 0 && !r.gatedOff(method)
+	return rt.filtered || rt.hasIcs && (rt.gate == nil || rt.gate())
 }
 
 // Server serves the relay on listeners: the caller-facing side of inplaced.
@@ -293,6 +319,7 @@ type session struct {
 	mu        sync.Mutex
 	down      *peer
 	ups       [upKinds]*peer
+	retired   []*peer            // upstream connections no new stream uses, still carrying streams
 	streams   map[uint32]*stream // by the caller's stream ID
 	lastID    uint32             // the caller's highest stream ID
 	goingAway bool
@@ -526,11 +553,15 @@ func (s *session) flush() {
 		flush(p)
 	}
 	// Upstream connections a GOAWAY retired still carry their last streams.
-	for _, st := range s.streams {
-		if st.up != nil && st.up.dirty {
-			flush(st.up)
+	live := s.retired[:0]
+	for _, p := range s.retired {
+		flush(p)
+		if !p.dead {
+			live = append(live, p)
 		}
 	}
+	clear(s.retired[len(live):])
+	s.retired = live
 }
 
 // handle is one frame from p.
@@ -568,6 +599,7 @@ func (s *session) handle(p *peer, f http2.Frame) error {
 		p.goaway = true
 		if s.ups[p.kind] == p {
 			s.ups[p.kind] = nil
+			s.retired = append(s.retired, p)
 		}
 		for id, st := range p.streams {
 			if id > f.LastStreamID { // never processed: the caller may retry it
@@ -631,7 +663,8 @@ func (s *session) callerHeaders(id uint32, fields []hpack.HeaderField, end bool)
 		return nil
 	}
 	method := pseudoValue(fields, ":path")
-	st := &stream{method: method, unary: s.r.unary[method], code: codes.Unknown}
+	rt := s.r.routes[method]
+	st := &stream{method: method, unary: rt.unary, code: codes.Unknown}
 	st.ids[sideDown] = id
 	st.win[sideDown] = s.down.initWindow
 	st.recv = [2]int64{streamWindow, streamWindow}
@@ -642,7 +675,7 @@ func (s *session) callerHeaders(id uint32, fields []hpack.HeaderField, end bool)
 	s.streams[id] = st
 	kind := upRuntime
 	switch {
-	case s.r.intercepted(method):
+	case s.r.intercepted(rt):
 		kind = upInner
 	case strings.HasPrefix(method, imageServicePrefix):
 		kind = upImage
@@ -658,6 +691,7 @@ func (s *session) callerHeaders(id uint32, fields []hpack.HeaderField, end bool)
 	if up.nextID >= 1<<31-1 {
 		up.goaway = true // stream IDs used up: the next stream opens a new connection
 		s.ups[kind] = nil
+		s.retired = append(s.retired, up)
 	}
 	st.win[sideUp] = up.initWindow
 	up.streams[st.ids[sideUp]] = st
