@@ -35,7 +35,6 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/types"
 	listersv1 "k8s.io/client-go/listers/core/v1"
-	"k8s.io/client-go/tools/record"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/intercept"
@@ -115,7 +114,7 @@ type Controller struct {
 	envSeen  map[string]bool // pod/container/values digests of env-from-metadata swaps
 	// waiters: stops waiting for the watch to deliver a newer pod (watchLag).
 	waiters  map[types.UID][]chan struct{}
-	recorder record.EventRecorder
+	recorder *eventRecorder
 }
 
 type containerKey struct {

@@ -17,11 +17,9 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/inplaced/inplaced/pkg/kubeclient"
 	"github.com/inplaced/inplaced/pkg/swap"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
@@ -34,12 +32,15 @@ const secretTimeout = 5 * time.Second
 // the watch cannot be set up at all; an API server that goes away later is
 // logged and the watch resumes when it is back.
 func (c *Controller) Run(ctx context.Context) error {
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(c.client.EventSink())
-	defer broadcaster.Shutdown()
+	recorder := newEventRecorder(c.client.Events(), c.node, c.log.Named("events"), c.now)
+	var writer sync.WaitGroup
+	defer writer.Wait()
+	writerCtx, stopWriter := context.WithCancel(ctx)
+	defer stopWriter() // before the Wait: Run may return while ctx lives on
+	writer.Go(func() { recorder.run(writerCtx) })
 	c.mu.Lock()
 	c.ctx = ctx
-	c.recorder = broadcaster.NewRecorder(kubeclient.Scheme, corev1.EventSource{Component: "inplaced", Host: c.node})
+	c.recorder = recorder
 	c.mu.Unlock()
 	// The Node authorizer lets a node list and watch only its pods, and
 	// only with exactly this selector.

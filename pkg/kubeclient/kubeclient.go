@@ -4,11 +4,14 @@
 // register every API group's types at init and link every group's client,
 // informer and lister: about half of inplaced's executable and resident
 // memory, for a daemon that reads and writes four core/v1 resources. This
-// client is client-go's own generic typed client (gentype, what the
-// generated core/v1 clients are made of) over a rest client whose scheme
-// holds only core/v1 and meta/v1, so the requests are those of
-// kubernetes.Interface's CoreV1(): same paths, verbs, subresources, query
-// parameters, content types (protobuf preferred) and rate limits.
+// client makes the requests client-go's generated core/v1 clients make
+// (their generic base, k8s.io/client-go/gentype, written out for the five
+// calls used: gentype also holds client-go's fake clients, which link
+// k8s.io/client-go/testing and with it strategic merge patch, managed
+// fields and the OpenAPI models) over a rest client whose scheme holds only
+// core/v1 and meta/v1. Same paths, verbs, subresources, query parameters,
+// content types (protobuf preferred) and rate limits as
+// kubernetes.Interface's CoreV1(): TestSameRequestsAsClientset.
 //
 // The interfaces name exactly the verbs inplaced uses, which are the verbs
 // deploy/kubernetes/rbac.yaml grants:
@@ -16,7 +19,7 @@
 //	pods         list, watch, patch (and patch of pods/status)
 //	nodes        list, watch
 //	secrets      get
-//	events       create, patch (record.EventSink, which also has update)
+//	events       create, patch
 //
 // cmd/inplaced's dependency test keeps the other API groups out.
 package kubeclient
@@ -24,6 +27,7 @@ package kubeclient
 import (
 	"context"
 	"net/http"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,14 +37,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/record"
 )
 
 // Scheme holds core/v1 and the meta/v1 types every group version uses
-// (options, Status, WatchEvent): all that inplaced decodes, and what
-// record.EventBroadcaster.NewRecorder needs to refer to a pod.
+// (options, Status, WatchEvent): all that inplaced decodes.
 var Scheme = runtime.NewScheme()
 
 var (
@@ -59,8 +60,7 @@ type Interface interface {
 	Pods(namespace string) PodInterface
 	Nodes() NodeInterface
 	Secrets(namespace string) SecretInterface
-	// EventSink writes each event to its own namespace.
-	EventSink() record.EventSink
+	Events() EventInterface
 }
 
 // PodInterface: the pods on this node, watched and patched.
@@ -79,6 +79,13 @@ type NodeInterface interface {
 // SecretInterface: a pod's imagePullSecrets, read.
 type SecretInterface interface {
 	Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.Secret, error)
+}
+
+// EventInterface: events about the node's pods, each written to its own
+// namespace; a repeat patches the count of the first.
+type EventInterface interface {
+	Create(ctx context.Context, event *corev1.Event) (*corev1.Event, error)
+	Patch(ctx context.Context, namespace, name string, data []byte) (*corev1.Event, error)
 }
 
 // Client implements Interface.
@@ -122,62 +129,85 @@ func NewForConfigAndClient(c *rest.Config, h *http.Client) (*Client, error) {
 
 // Pods returns the pods of namespace ("" for all).
 func (c *Client) Pods(namespace string) PodInterface {
-	return gentype.NewClientWithList[*corev1.Pod, *corev1.PodList]("pods", c.rest, parameterCodec, namespace,
-		func() *corev1.Pod { return &corev1.Pod{} }, func() *corev1.PodList { return &corev1.PodList{} },
-		gentype.PrefersProtobuf[*corev1.Pod]())
+	return resource[*corev1.Pod, *corev1.PodList]{rest: c.rest, name: "pods", namespace: namespace,
+		newObject: func() *corev1.Pod { return &corev1.Pod{} }, newList: func() *corev1.PodList { return &corev1.PodList{} }}
 }
 
 // Nodes returns the nodes.
 func (c *Client) Nodes() NodeInterface {
-	return gentype.NewClientWithList[*corev1.Node, *corev1.NodeList]("nodes", c.rest, parameterCodec, "",
-		func() *corev1.Node { return &corev1.Node{} }, func() *corev1.NodeList { return &corev1.NodeList{} },
-		gentype.PrefersProtobuf[*corev1.Node]())
+	return resource[*corev1.Node, *corev1.NodeList]{rest: c.rest, name: "nodes",
+		newObject: func() *corev1.Node { return &corev1.Node{} }, newList: func() *corev1.NodeList { return &corev1.NodeList{} }}
 }
 
 // Secrets returns the secrets of namespace.
 func (c *Client) Secrets(namespace string) SecretInterface {
-	return gentype.NewClient[*corev1.Secret]("secrets", c.rest, parameterCodec, namespace,
-		func() *corev1.Secret { return &corev1.Secret{} }, gentype.PrefersProtobuf[*corev1.Secret]())
+	return resource[*corev1.Secret, *corev1.SecretList]{rest: c.rest, name: "secrets", namespace: namespace,
+		newObject: func() *corev1.Secret { return &corev1.Secret{} }, newList: func() *corev1.SecretList { return &corev1.SecretList{} }}
 }
 
-// EventSink returns the sink for a record.EventBroadcaster.
-func (c *Client) EventSink() record.EventSink {
-	return &eventSink{rest: c.rest}
+// resource is one core/v1 resource, requested as gentype.Client requests
+// it (with gentype.PrefersProtobuf, as the generated core/v1 clients do).
+type resource[T, L runtime.Object] struct {
+	rest      rest.Interface
+	name      string
+	namespace string // "" for a cluster-scoped resource, or all namespaces
+	newObject func() T
+	newList   func() L
 }
 
-// eventSink is typedcorev1.EventSinkImpl over Events(""): each request
-// goes to the event's namespace, with the same requests.
-type eventSink struct {
+func (r resource[T, L]) request(req *rest.Request) *rest.Request {
+	return req.UseProtobufAsDefaultIfPreferred(true).NamespaceIfScoped(r.namespace, r.namespace != "").Resource(r.name)
+}
+
+func (r resource[T, L]) Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error) {
+	out := r.newObject()
+	err := r.request(r.rest.Get()).Name(name).VersionedParams(&opts, parameterCodec).Do(ctx).Into(out)
+	return out, err
+}
+
+func (r resource[T, L]) List(ctx context.Context, opts metav1.ListOptions) (L, error) {
+	out := r.newList()
+	err := r.request(r.rest.Get()).VersionedParams(&opts, parameterCodec).Timeout(timeoutOf(opts)).Do(ctx).Into(out)
+	return out, err
+}
+
+func (r resource[T, L]) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	opts.Watch = true
+	return r.request(r.rest.Get()).VersionedParams(&opts, parameterCodec).Timeout(timeoutOf(opts)).Watch(ctx)
+}
+
+func (r resource[T, L]) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (T, error) {
+	out := r.newObject()
+	err := r.request(r.rest.Patch(pt)).Name(name).SubResource(subresources...).VersionedParams(&opts, parameterCodec).Body(data).Do(ctx).Into(out)
+	return out, err
+}
+
+func timeoutOf(opts metav1.ListOptions) time.Duration {
+	if opts.TimeoutSeconds != nil {
+		return time.Duration(*opts.TimeoutSeconds) * time.Second
+	}
+	return 0
+}
+
+// Events returns the events client.
+func (c *Client) Events() EventInterface { return events{rest: c.rest} }
+
+// events makes the requests client-go's event sink (typedcorev1.EventSinkImpl)
+// makes: to the event's namespace, JSON, a strategic merge patch.
+type events struct {
 	rest rest.Interface
 }
 
-func (s *eventSink) Create(event *corev1.Event) (*corev1.Event, error) {
-	return s.do(s.rest.Post().
-		NamespaceIfScoped(event.Namespace, event.Namespace != "").
-		Resource("events").
-		Body(event))
+func (e events) Create(ctx context.Context, event *corev1.Event) (*corev1.Event, error) {
+	out := &corev1.Event{}
+	err := e.rest.Post().NamespaceIfScoped(event.Namespace, event.Namespace != "").Resource("events").
+		Body(event).Do(ctx).Into(out)
+	return out, err
 }
 
-func (s *eventSink) Update(event *corev1.Event) (*corev1.Event, error) {
-	return s.do(s.rest.Put().
-		NamespaceIfScoped(event.Namespace, event.Namespace != "").
-		Resource("events").
-		Name(event.Name).
-		Body(event))
-}
-
-func (s *eventSink) Patch(event *corev1.Event, data []byte) (*corev1.Event, error) {
-	return s.do(s.rest.Patch(types.StrategicMergePatchType).
-		NamespaceIfScoped(event.Namespace, event.Namespace != "").
-		Resource("events").
-		Name(event.Name).
-		Body(data))
-}
-
-// do returns the API server's error as it is: tools/record tells a
-// missing event (create it instead of patching) by its concrete type.
-func (s *eventSink) do(req *rest.Request) (*corev1.Event, error) {
-	result := &corev1.Event{}
-	err := req.Do(context.Background()).Into(result)
-	return result, err
+func (e events) Patch(ctx context.Context, namespace, name string, data []byte) (*corev1.Event, error) {
+	out := &corev1.Event{}
+	err := e.rest.Patch(types.StrategicMergePatchType).NamespaceIfScoped(namespace, namespace != "").Resource("events").
+		Name(name).Body(data).Do(ctx).Into(out)
+	return out, err
 }
