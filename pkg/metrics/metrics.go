@@ -180,9 +180,14 @@ func (m *Metrics) method(full, name string) {
 	m.methods[full] = &methodMetrics{name: name, hists: m.criDuration, parent: m.criRequests}
 }
 
-// Handler serves /metrics.
+// Handler serves /metrics, uncompressed: a gzip writer holds about 1 MB of
+// compression tables, and promhttp keeps them in a pool between scrapes —
+// 1.8 MB of inplaced's 4.4 MB live heap under a 60-pod kubelet load scraped
+// every 15 s (a heap profile, 2026-12-04), doubled by the GC's headroom in
+// resident memory, to save a few tens of kB per scrape of a node-local
+// endpoint.
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg, DisableCompression: true})
 }
 
 // Registry is the registry (tests).

@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -77,5 +79,24 @@ func TestInterceptorAllocs(t *testing.T) {
 	_ = ic(nil, nil, info, h)
 	if a := testing.AllocsPerRun(1000, func() { _ = ic(nil, nil, info, h) }); a > 0 {
 		t.Fatalf("%v allocations per call", a)
+	}
+}
+
+// TestHandlerUncompressed: a scraper that offers gzip (Prometheus does) gets
+// plain text, so no gzip writer's tables stay in the heap between scrapes.
+func TestHandlerUncompressed(t *testing.T) {
+	m := New("test", func() (int, error) { return 2, nil })
+	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+	req.Header.Set("Accept-Encoding", "gzip, deflate")
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK {
+		t.Fatalf("status %d", rec.Code)
+	}
+	if enc := rec.Header().Get("Content-Encoding"); enc != "" {
+		t.Errorf("Content-Encoding %q, want none", enc)
+	}
+	if !strings.Contains(rec.Body.String(), "go_goroutines") {
+		t.Errorf("body is not the text exposition:\n%.300s", rec.Body.String())
 	}
 }
