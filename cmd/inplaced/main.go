@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -54,7 +55,13 @@ func newRootCommand() *cobra.Command {
 			defer func() { _ = log.Sync() }()
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			log.Info("starting inplaced", zap.String("version", version.Version), zap.String("commit", version.Commit))
+			gc := "GOGC=" + os.Getenv("GOGC")
+			if pct, ok := gcPercentFor(os.Getenv("GOGC")); ok {
+				debug.SetGCPercent(pct)
+				gc = fmt.Sprintf("%d (inplaced's default; GOGC overrides)", pct)
+			}
+			log.Info("starting inplaced", zap.String("version", version.Version), zap.String("commit", version.Commit),
+				zap.String("gc_percent", gc))
 			return daemon.Run(ctx, cfg, log)
 		},
 	}
@@ -75,6 +82,23 @@ func newRootCommand() *cobra.Command {
 	f.DurationVar((*timeDuration)(&flagCfg.HealthMinRuntime).ptr(), "health-min-runtime", def.HealthMinRuntime.D(), "how long a swapped-in container must keep running before the swap commits")
 	cmd.AddCommand(newVersionCommand())
 	return cmd
+}
+
+// defaultGCPercent is the GC target inplaced runs with when GOGC is not
+// set. Its live heap is small (about 3 MB relaying a 60-pod kubelet's
+// calls), and Go's default of 100 lets the heap grow to twice that — at
+// least 4 MB — before collecting: most of inplaced's anonymous memory. At
+// 50 the heap stays within 1.5× the live data (at least 2 MB) for
+// collections twice as frequent and as small: see docs/benchmarks-kubelet-load.md.
+const defaultGCPercent = 50
+
+// gcPercentFor says which GC percent to set given the GOGC variable: none
+// when the user set one (the runtime has applied it).
+func gcPercentFor(goGC string) (int, bool) {
+	if goGC != "" {
+		return 0, false
+	}
+	return defaultGCPercent, true
 }
 
 // overrideFromFlags copies every flag the user set over the file's values.
