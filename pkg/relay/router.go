@@ -2,7 +2,6 @@ package relay
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -308,6 +307,7 @@ type stream struct {
 // sending side when written) or a header block, with END_STREAM or not.
 type item struct {
 	data    []byte
+	buf     *[]byte // data's buffer, from queuedData, while it waits
 	headers []hpack.HeaderField
 	end     bool
 }
@@ -802,9 +802,28 @@ func (s *session) send(st *stream, from int, it item) {
 		s.maybeDone(st)
 		return
 	}
-	it.data = bytes.Clone(it.data)        // the framer reuses its buffer
+	if len(it.data) > 0 { // the framer reuses its buffer
+		it.buf = queuedData.Get().(*[]byte)
+		*it.buf = append((*it.buf)[:0], it.data...)
+		it.data = *it.buf
+	}
 	it.headers = slices.Clone(it.headers) // and headerBlock its fields
 	st.q[to] = append(st.q[to], it)
+}
+
+// queuedData holds the buffers of DATA waiting for a window. At 16
+// callers kubelet-sized ListContainers answers outgrow the caller's
+// connection window and wait here, a frame at a time (docs/architecture.md):
+// allocated per frame, they were most of what the router allocated, and
+// the collections that followed.
+var queuedData = sync.Pool{New: func() any { b := make([]byte, 0, frameSize); return &b }}
+
+// release returns a waiting item's buffer.
+func (it *item) release() {
+	if it.buf != nil {
+		queuedData.Put(it.buf)
+	}
+	*it = item{}
 }
 
 func (s *session) peerOf(st *stream, side int) *peer {
@@ -856,7 +875,7 @@ func (s *session) flushQueue(st *stream, to int) {
 		if !s.deliver(st, to, &st.q[to][0]) {
 			return
 		}
-		st.q[to][0] = item{}
+		st.q[to][0].release()
 		st.q[to] = st.q[to][1:]
 	}
 	st.q[to] = nil
@@ -936,8 +955,9 @@ func (s *session) remove(st *stream, code codes.Code) {
 	st.removed = true
 	delete(s.streams, st.ids[sideDown])
 	for to := range 2 {
-		for _, it := range st.q[to] {
-			s.creditConn(s.peerOf(st, 1-to), int64(len(it.data)))
+		for i := range st.q[to] {
+			s.creditConn(s.peerOf(st, 1-to), int64(len(st.q[to][i].data)))
+			st.q[to][i].release()
 		}
 		st.q[to] = nil
 	}
@@ -1033,8 +1053,9 @@ func (s *session) failStream(st *stream, code codes.Code, msg string) {
 	if st.removed {
 		return
 	}
-	for _, it := range st.q[sideDown] {
-		s.creditConn(st.up, int64(len(it.data)))
+	for i := range st.q[sideDown] {
+		s.creditConn(st.up, int64(len(st.q[sideDown][i].data)))
+		st.q[sideDown][i].release()
 	}
 	st.q[sideDown] = nil
 	if !st.sentEnd[sideDown] && !s.down.dead {
