@@ -1,8 +1,12 @@
 package node
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestJudgeSuites checks how the host judges the guest's output, without a
@@ -73,5 +77,39 @@ func TestJudgeSuites(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHeartbeatWatch checks the stall detector on a real file: the boot's
+// grace, a growing file, and a file that stopped growing.
+func TestHeartbeatWatch(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "heartbeat")
+	start := time.Now()
+	w := newHeartbeatWatch(path, start)
+	if w.stalled(start.Add(2*stallAfter - time.Second)) {
+		t.Fatal("stalled during the boot's grace with no file yet")
+	}
+	if !w.stalled(start.Add(2*stallAfter + time.Second)) {
+		t.Fatal("no heartbeat within the boot's grace: not called stalled")
+	}
+	w = newHeartbeatWatch(path, start)
+	now := start
+	for i := range 30 {
+		now = now.Add(heartbeatEvery)
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(f, "alive %d\n", i)
+		f.Close()
+		if w.stalled(now) {
+			t.Fatalf("stalled at beat %d while the file grows", i)
+		}
+	}
+	if w.stalled(now.Add(stallAfter)) {
+		t.Fatal("stalled exactly stallAfter after the last beat")
+	}
+	if !w.stalled(now.Add(stallAfter + time.Second)) {
+		t.Fatal("not stalled after the file stopped growing for longer than stallAfter")
 	}
 }

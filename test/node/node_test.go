@@ -165,10 +165,21 @@ func TestNode(t *testing.T) {
 	}
 	for _, b := range backends {
 		t.Run("containerd-"+b, func(t *testing.T) {
-			boot(t, image, payload, logDir, b, timeout, []expectedSuite{
+			expect := []expectedSuite{
 				{name: "resources-v2", tests: resourcesTests},
 				{name: "guest-containerd-" + b, tests: guestTests},
-			})
+			}
+			// A guest whose heartbeat stops has stopped as a whole (the
+			// emulator or its kernel, not a test: a hung test times out
+			// inside the guest and says so). That is retried once, on a
+			// fresh overlay and control plane; a second stall fails.
+			if !boot(t, image, payload, logDir, b, timeout, expect) {
+				return
+			}
+			t.Logf("containerd %s: the guest stalled (above: its console and heartbeat); booting it once more", b)
+			if boot(t, image, payload, logDir, b, timeout, expect) {
+				t.Errorf("containerd %s: the guest stalled twice", b)
+			}
 		})
 	}
 }
@@ -302,8 +313,12 @@ type suiteResult struct {
 
 // boot runs the guest once with containerd backend, its kubelet registered
 // to a control plane started here meanwhile, and fails t for every guest
-// suite that failed, skipped (under CI=true) or did not report.
-func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Duration, expect []expectedSuite) {
+// suite that failed, skipped (under CI=true) or did not report. It reports a
+// stall instead, and judges nothing, when the guest's heartbeat (a line on
+// ttyS2 every heartbeatEvery, from run.sh) stopped for stallAfter: then the
+// guest as a whole stopped running, and its suites' silence says nothing
+// about them.
+func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Duration, expect []expectedSuite) (stalled bool) {
 	env := fmt.Sprintf("BACKEND=%s\nRUN='%s'\nRESOURCES_RUN='%s'\nCI='%s'\n", backend, runPattern(), resourcesRun, os.Getenv("CI"))
 	if err := os.WriteFile(filepath.Join(payload, "env"), []byte(env), 0o644); err != nil {
 		t.Fatal(err)
@@ -321,6 +336,7 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 		t.Fatalf("qemu-img create: %v\n%s", err, b)
 	}
 	console := filepath.Join(logDir, "node-"+backend+"-console.log")
+	heartbeat := filepath.Join(logDir, "node-"+backend+"-heartbeat.log")
 	guestLog, err := os.Create(filepath.Join(logDir, "node-"+backend+".log"))
 	if err != nil {
 		t.Fatal(err)
@@ -345,6 +361,7 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 		"-virtfs", "local,path="+payload+",mount_tag=payload,security_model=passthrough,id=payload",
 		"-serial", "file:"+console, // ttyS0: kernel and systemd
 		"-serial", "stdio", // ttyS1: run.sh and the suites
+		"-serial", "file:"+heartbeat, // ttyS2: run.sh's heartbeat
 	)
 	cmd.Env = append(os.Environ(), forwardEnv+"="+fwdFile)
 	stdout, err := cmd.StdoutPipe()
@@ -358,7 +375,7 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 	}
 	exited := make(chan error, 1)
 	lines := make(chan string, 1024)
-	go func() {
+	go func(lines chan<- string) { // its own variable: the loop below sets lines to nil
 		r := bufio.NewReader(stdout)
 		for {
 			line, err := r.ReadString('\n')
@@ -370,7 +387,7 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 				return
 			}
 		}
-	}()
+	}(lines)
 	defer func() {
 		// QEMU is ours: whatever happened, it does not outlive the test.
 		if cmd.ProcessState == nil {
@@ -396,8 +413,27 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 	results := suiteParser{}
 	var done bool
 	deadline := time.After(timeout)
+	beat := newHeartbeatWatch(heartbeat, time.Now())
+	tick := time.NewTicker(heartbeatEvery)
+	defer tick.Stop()
+	kill := func() {
+		_ = cmd.Process.Kill()
+		go func(c <-chan string) {
+			for range c { // let the reader reach EOF
+			}
+		}(lines)
+		lines = nil
+	}
 	for lines != nil {
 		select {
+		case now := <-tick.C:
+			if done || !beat.stalled(now) {
+				continue
+			}
+			stalled = true
+			t.Logf("the guest's heartbeat stopped %s ago (after %s): killing QEMU\nlast heartbeats:\n%s\nlast console lines (%s):\n%s",
+				now.Sub(beat.last).Round(time.Second), time.Since(start).Round(time.Second), tail(heartbeat, 5), console, tail(console, 40))
+			kill()
 		case line, ok := <-lines:
 			if !ok {
 				lines = nil
@@ -419,19 +455,17 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 			if done {
 				t.Logf("the guest did not power off within 90 s of its last suite: killing QEMU")
 			} else {
-				t.Errorf("guest did not finish within %s: killing QEMU; console: %s", timeout, console)
+				t.Errorf("guest did not finish within %s: killing QEMU; console: %s; last heartbeats:\n%s", timeout, console, tail(heartbeat, 5))
 			}
-			_ = cmd.Process.Kill()
-			go func(c <-chan string) {
-				for range c { // let the reader reach EOF
-				}
-			}(lines)
-			lines = nil
+			kill()
 		}
 	}
 	err = <-exited
 	exited <- err // for the deferred check
 	t.Logf("guest ran %s (QEMU exit: %v); output in %s, console in %s", time.Since(start).Round(time.Second), err, guestLog.Name(), console)
+	if stalled {
+		return true
+	}
 	if len(results.suites) == 0 || !done {
 		t.Errorf("the guest reported no result (done=%v); last console lines:\n%s", done, tail(console, 40))
 	}
@@ -447,6 +481,38 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 		_ = os.WriteFile(filepath.Join(logDir, "node-security.txt"), b, 0o644)
 	}
 	checkNode(t, cp, backend)
+	return false
+}
+
+const (
+	// heartbeatEvery is how often run.sh writes its heartbeat (keep equal
+	// to its sleep) and how often the host looks.
+	heartbeatEvery = 10 * time.Second
+	// stallAfter without a new heartbeat is a stalled guest: many times
+	// the period, for a guest emulated (TCG) on a loaded machine. The first
+	// heartbeat gets as long again on top, for the boot.
+	stallAfter = 2 * time.Minute
+)
+
+// heartbeatWatch follows the size of the heartbeat file: it grows by a line
+// every heartbeatEvery while the guest runs.
+type heartbeatWatch struct {
+	path string
+	size int64
+	last time.Time // when it last grew (or the boot started, with a boot's grace)
+}
+
+func newHeartbeatWatch(path string, start time.Time) *heartbeatWatch {
+	return &heartbeatWatch{path: path, last: start.Add(stallAfter)}
+}
+
+// stalled reports whether the file has not grown for stallAfter by now.
+func (w *heartbeatWatch) stalled(now time.Time) bool {
+	if fi, err := os.Stat(w.path); err == nil && fi.Size() != w.size {
+		w.size, w.last = fi.Size(), now
+		return false
+	}
+	return now.Sub(w.last) > stallAfter
 }
 
 // suiteParser collects the suites' results from the guest's output lines.
