@@ -335,7 +335,8 @@ func newSession(srv *Server, c net.Conn) *session {
 }
 
 func newPeer(kind int, c net.Conn) *peer {
-	p := &peer{kind: kind, conn: c, br: bufio.NewReaderSize(c, 32<<10), bw: bufio.NewWriterSize(c, 32<<10),
+	rw := newRawIO(c)
+	p := &peer{kind: kind, conn: c, br: bufio.NewReaderSize(rw, 32<<10), bw: bufio.NewWriterSize(rw, 32<<10),
 		sendConn: 65535, initWindow: 65535, maxFrame: frameSize, recvConn: connWindow, nextID: 1, streams: map[uint32]*stream{}}
 	p.fr = http2.NewFramer(p.bw, p.br)
 	p.fr.SetMaxReadFrameSize(frameSize)
