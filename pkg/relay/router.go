@@ -956,11 +956,7 @@ func (s *session) remove(st *stream, code codes.Code) {
 	st.removed = true
 	delete(s.streams, st.ids[sideDown])
 	for to := range 2 {
-		for i := range st.q[to] {
-			s.creditConn(s.peerOf(st, 1-to), int64(len(st.q[to][i].data)))
-			st.q[to][i].release()
-		}
-		st.q[to] = nil
+		s.dropQueue(st, to)
 	}
 	if st.up != nil {
 		delete(st.up.streams, st.ids[sideUp])
@@ -973,6 +969,16 @@ func (s *session) remove(st *stream, code codes.Code) {
 		s.flush()
 		s.closeLocked()
 	}
+}
+
+// dropQueue discards what waits for side to: its bytes free the sending
+// connection's window, its buffers go back to the pool.
+func (s *session) dropQueue(st *stream, to int) {
+	for i := range st.q[to] {
+		s.creditConn(s.peerOf(st, 1-to), int64(len(st.q[to][i].data)))
+		st.q[to][i].release()
+	}
+	st.q[to] = nil
 }
 
 // retire closes an upstream connection no new stream will use once its
@@ -1054,11 +1060,7 @@ func (s *session) failStream(st *stream, code codes.Code, msg string) {
 	if st.removed {
 		return
 	}
-	for i := range st.q[sideDown] {
-		s.creditConn(st.up, int64(len(st.q[sideDown][i].data)))
-		st.q[sideDown][i].release()
-	}
-	st.q[sideDown] = nil
+	s.dropQueue(st, sideDown)
 	if !st.sentEnd[sideDown] && !s.down.dead {
 		fields := make([]hpack.HeaderField, 0, 4)
 		if !st.resp {
