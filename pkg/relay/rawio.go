@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -114,4 +115,18 @@ func opError(op string, err error) error {
 		return err
 	}
 	return &net.OpError{Op: op, Net: "unix", Err: err}
+}
+
+// deadlineWriter gives each write to conn (through w) a deadline of its
+// own, timeout from its start: a peer that does not read cannot hold a
+// session's lock for longer.
+type deadlineWriter struct {
+	conn    net.Conn
+	w       io.Writer
+	timeout time.Duration
+}
+
+func (d *deadlineWriter) Write(b []byte) (int, error) {
+	_ = d.conn.SetWriteDeadline(time.Now().Add(d.timeout))
+	return d.w.Write(b)
 }

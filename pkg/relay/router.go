@@ -330,13 +330,19 @@ type session struct {
 
 func newSession(srv *Server, c net.Conn) *session {
 	s := &session{srv: srv, r: srv.r, streams: map[uint32]*stream{}}
-	s.down = newPeer(down, c)
+	s.down = newPeer(down, c, srv.r.ioTimeout)
 	return s
 }
 
-func newPeer(kind int, c net.Conn) *peer {
+// newPeer wraps c; each write to it is bounded by writeTimeout.
+func newPeer(kind int, c net.Conn, writeTimeout time.Duration) *peer {
 	rw := newRawIO(c)
-	p := &peer{kind: kind, conn: c, br: bufio.NewReaderSize(rw, 32<<10), bw: bufio.NewWriterSize(rw, 32<<10),
+	// Every write gets its own deadline, whether a flush or a frame that
+	// overflows the buffer makes it: a deadline set at the last flush is
+	// long past after a quiet spell, and a large frame written then failed
+	// at once (found at kubelet's pace, TestCallAfterAQuietSpell).
+	w := &deadlineWriter{conn: c, w: rw, timeout: writeTimeout}
+	p := &peer{kind: kind, conn: c, br: bufio.NewReaderSize(rw, 32<<10), bw: bufio.NewWriterSize(w, 32<<10),
 		sendConn: 65535, initWindow: 65535, maxFrame: frameSize, recvConn: connWindow, nextID: 1, streams: map[uint32]*stream{}}
 	p.fr = http2.NewFramer(p.bw, p.br)
 	p.fr.SetMaxReadFrameSize(frameSize)
@@ -450,9 +456,6 @@ func (s *session) fail(p *peer, err error) {
 			last = 0 // we never open streams towards an upstream peer's side
 		}
 		_ = p.fr.WriteGoAway(last, code, nil)
-		// A fresh deadline: the one left by the last flush may be long past
-		// when a slow peer's frame (a 16 MiB header block) ends in an error.
-		_ = p.conn.SetWriteDeadline(time.Now().Add(s.r.ioTimeout))
 		_ = p.bw.Flush()
 	}
 	if p.kind == down {
@@ -540,7 +543,6 @@ func (s *session) flush() {
 			return
 		}
 		p.dirty = false
-		_ = p.conn.SetWriteDeadline(time.Now().Add(s.r.ioTimeout))
 		if err := p.bw.Flush(); err != nil {
 			if p.kind == down {
 				s.closeLocked()
@@ -718,7 +720,7 @@ func (s *session) upstream(kind int) (*peer, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := newPeer(kind, c)
+	p := newPeer(kind, c, s.r.ioTimeout)
 	if _, err := p.bw.WriteString(http2.ClientPreface); err != nil {
 		c.Close()
 		return nil, err

@@ -294,3 +294,23 @@ func TestStreamManyMessages(t *testing.T) {
 		t.Fatalf("%d messages, want 200", n)
 	}
 }
+
+// TestCallAfterAQuietSpell: a connection that stays quiet for longer than
+// the relay's write deadline still carries the next call.
+func TestCallAfterAQuietSpell(t *testing.T) {
+	const quick = 300 * time.Millisecond
+	s := start(t, nil, func(r *Relay) { r.ioTimeout = quick })
+	s.backend.reply = func(string, []byte) ([]byte, error) {
+		return codec{}.Marshal(&runtimeapi.VersionResponse{Version: string(bytes.Repeat([]byte{'x'}, 100_000))})
+	}
+	rt := runtimeapi.NewRuntimeServiceClient(s.client)
+	for i := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := rt.Version(ctx, &runtimeapi.VersionRequest{})
+		cancel()
+		if err != nil {
+			t.Fatalf("call %d after %s quiet: %v", i, 3*quick, err)
+		}
+		time.Sleep(3 * quick)
+	}
+}
