@@ -1,9 +1,13 @@
 package bench
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -21,7 +25,7 @@ import (
 // for one more process on the path.
 const (
 	criFloorGo    = report.GoFloor
-	criFloorSocat = "floor: socat -b 1 MiB"
+	criFloorSocat = report.SocatFloor
 )
 
 // startFloors starts each floor in front of the backend socket and returns
@@ -101,10 +105,118 @@ func runFloor(tb testing.TB, variant, sock string, argv ...string) *floorProc {
 
 func (p *floorProc) pid() int { return p.cmd.Process.Pid }
 
-// stop kills the floor's process group and waits for its leader.
+// stop kills the floor's process group and waits for its leader, and
+// (briefly) for the children it forked to be gone.
 func (p *floorProc) stop() {
 	p.once.Do(func() {
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 		_ = p.cmd.Wait()
+		for deadline := time.Now().Add(5 * time.Second); len(p.children()) > 0 && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
 	})
+}
+
+// members are the pids of the floor's process group: the leader and, for
+// socat, the child it forked for each connection.
+func (p *floorProc) members() []int { return append([]int{p.pid()}, p.children()...) }
+
+// children are the live processes of the floor's process group other than
+// its leader (zombies left out).
+func (p *floorProc) children() []int {
+	leader := p.pid()
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == leader {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// Fields after the command's closing parenthesis: state ppid pgrp.
+		f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+		if len(f) > 2 && f[2] == strconv.Itoa(leader) && f[0] != "Z" {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// clockTick is the kernel's USER_HZ, the unit of /proc/<pid>/stat's times
+// (100 on Linux, whatever the kernel's HZ).
+const clockTick = 10 * time.Millisecond
+
+// cpu is the CPU time of the floor's process group: its live members'
+// and what the leader has of children it reaped (cutime, cstime), so that
+// a socat child whose connection closed still counts.
+func (p *floorProc) cpu() (time.Duration, error) {
+	var sum time.Duration
+	for i, pid := range p.members() {
+		t, err := procCPU(pid)
+		if err != nil {
+			if i == 0 {
+				return 0, fmt.Errorf("floor (pid %d): %w", pid, err)
+			}
+			continue // a child that exited meanwhile: its time is in cutime
+		}
+		sum += t
+	}
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.pid()), "stat"))
+	if err != nil {
+		return 0, err
+	}
+	// After ')': state(3) ... utime(14) stime(15) cutime(16) cstime(17).
+	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+	for _, i := range []int{16 - 3, 17 - 3} {
+		if i < len(f) {
+			n, _ := strconv.ParseInt(f[i], 10, 64)
+			sum += time.Duration(n) * clockTick
+		}
+	}
+	return sum, nil
+}
+
+// sum adds up f over the group's members (a member that exited meanwhile
+// is left out).
+func (p *floorProc) sum(f func(pid int) (int64, error)) (int64, error) {
+	var total int64
+	for i, pid := range p.members() {
+		n, err := f(pid)
+		if err != nil {
+			if i == 0 {
+				return 0, err
+			}
+			continue
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// rssKiB is the group's VmRSS, its members' added up.
+func (p *floorProc) rssKiB() (int64, error) {
+	return p.sum(func(pid int) (int64, error) {
+		st, err := loadStatus(pid)
+		return st["VmRSS"], err
+	})
+}
+
+// rchar is what the group read, all descriptors (/proc/<pid>/io).
+func (p *floorProc) rchar() (int64, error) {
+	return p.sum(func(pid int) (int64, error) {
+		io, err := loadProcNumbers(pid, "io")
+		return io["rchar"], err
+	})
+}
+
+// sockets counts the group's open sockets.
+func (p *floorProc) sockets() (int, error) {
+	n, err := p.sum(func(pid int) (int64, error) {
+		n, err := loadFDs(pid, "socket:")
+		return int64(n), err
+	})
+	return int(n), err
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -96,12 +97,12 @@ func loadMinutes(name string) time.Duration {
 // 10 % of containerd's over the window, its RSS ≤ 30 MiB, no goroutine or
 // fd growth from minute 2 to the last minute.
 //
-// Then the floor window (measureLoadFloor), for reference: inplaced is
+// Then the floor windows (measureLoadFloor), for reference: inplaced is
 // stopped, the Go byte relay (test/bench/floorrelay) takes its socket,
 // kubelet reconnects, and $INPLACED_BENCH_LOAD_FLOOR_MINUTES minutes
-// (default 5; 0: none) are sampled the same way — the cheapest process
-// there can be on that path, against containerd's CPU under the same
-// calls.
+// (default 5; 0: none) are sampled the same way; then socat (a C byte
+// relay) in its place, the same way — the cheapest processes there can be
+// on that path, against containerd's CPU under the same calls.
 //
 // It starts a kubelet: run it under `flock /run/inplaced-kubelet-e2e.lock`
 // on a shared machine. With $INPLACED_BENCH_LOAD_DOC set it writes that
@@ -144,8 +145,8 @@ func BenchmarkKubeletLoad(b *testing.B) {
 		b.Logf("verdicts:\n%s", strings.Join(vs, "\n"))
 		b.ReportMetric(k.CPURatio(), "inplaced/containerd-cpu")
 		b.ReportMetric(float64(k.MaxRSSKiB())/1024, "rss-MiB")
-		if k.Floor != nil {
-			b.ReportMetric(k.Floor.CPURatio(), "floor/containerd-cpu")
+		for _, f := range k.Floors {
+			b.ReportMetric(f.CPURatio(), strings.ReplaceAll(strings.TrimPrefix(f.Relay, "floor: "), " ", "-")+"/containerd-cpu")
 		}
 	})
 	run.Finished = time.Now()
@@ -314,7 +315,14 @@ func measureKubeletLoad(b *testing.B, c *harness.Containerd, window, floorWindow
 	scr.client.CloseIdleConnections()
 	var relay *floorProc
 	if floorWindow > 0 {
-		res.Floor, relay = measureLoadFloor(b, floorBin, floorWindow, px, c, kl, res.Restarts)
+		stop := px.Stop
+		for _, floor := range loadFloors(b, floorBin) {
+			var f *report.LoadFloor
+			f, relay = measureLoadFloor(b, floor, stop, floorWindow, px, c, kl, res.Restarts)
+			res.Floors = append(res.Floors, f)
+			prev := relay
+			stop = func() error { prev.stop(); return nil }
+		}
 	}
 	// Teardown, checked: kubelet and its pods (through the floor relay when
 	// it took inplaced's socket), then the relay and inplaced, then
@@ -343,39 +351,69 @@ func measureKubeletLoad(b *testing.B, c *harness.Containerd, window, floorWindow
 	return res, v.RuntimeName + " " + v.RuntimeVersion
 }
 
-// measureLoadFloor is the floor window: inplaced px stopped and the Go
-// byte relay floorBin serving its socket in front of containerd c, kubelet
-// kl reconnecting through it by itself, then window sampled as inplaced's
-// was. restarts0 are the container restarts kubelet reported at the end
-// of inplaced's window. It returns with the relay still serving kubelet:
-// the caller stops it after kubelet's teardown.
-func measureLoadFloor(b *testing.B, floorBin string, window time.Duration, px *harness.Inplaced, c *harness.Containerd,
+// loadFloor is a byte relay a floor window puts in inplaced's place.
+type loadFloor struct {
+	name string // report.GoFloor, report.SocatFloor
+	argv func(sock, backendSock string) []string
+}
+
+// loadFloors are the floor windows' relays, in the order they run: the Go
+// byte relay floorBin, then socat when installed (a C relay: what no Go
+// process can undercut; one forked child per connection, all of them
+// counted).
+func loadFloors(tb testing.TB, floorBin string) []loadFloor {
+	out := []loadFloor{{report.GoFloor, func(sock, backendSock string) []string { return []string{floorBin, sock, backendSock} }}}
+	socat, err := exec.LookPath("socat")
+	if err != nil {
+		tb.Logf("socat not installed: the Go floor window only")
+		return out
+	}
+	return append(out, loadFloor{report.SocatFloor, func(sock, backendSock string) []string {
+		return []string{socat, "-b", "1048576", "UNIX-LISTEN:" + sock + ",fork,mode=600", "UNIX-CONNECT:" + backendSock}
+	}})
+}
+
+// measureLoadFloor is one floor window: stop stopped what served
+// px.Socket (inplaced, or the floor window before), and floor's relay
+// serves it in front of containerd c, kubelet kl reconnecting through it
+// by itself, then window sampled as inplaced's was. restarts0 are the
+// container restarts kubelet reported at the end of inplaced's window. It
+// returns with the relay still serving kubelet: the caller stops it.
+func measureLoadFloor(b *testing.B, floor loadFloor, stop func() error, window time.Duration, px *harness.Inplaced, c *harness.Containerd,
 	kl *harness.Kubelet, restarts0 int) (*report.LoadFloor, *floorProc) {
 	b.Helper()
-	relay, reconnect, err := loadSwitchToFloor(b, px.Stop, px.Socket, c.Socket, floorBin)
+	relay, reconnect, err := loadSwitchToFloor(b, stop, px.Socket, floor.name, floor.argv(px.Socket, c.Socket))
 	if err != nil {
 		b.Fatalf("%v\nkubelet log:\n%s", err, kl.LogTail(40))
 	}
-	f := &report.LoadFloor{Relay: report.GoFloor, SettleNs: int64(loadSettle), ReconnectNs: int64(reconnect)}
-	b.Logf("floor: inplaced stopped, kubelet connected through %s (pid %d) %s after it listened", report.GoFloor, relay.pid(),
+	f := &report.LoadFloor{Relay: floor.name, SettleNs: int64(loadSettle), ReconnectNs: int64(reconnect)}
+	b.Logf("floor: kubelet connected through %s (pid %d) %s after it listened", floor.name, relay.pid(),
 		time.Duration(f.ReconnectNs).Round(time.Millisecond))
 	time.Sleep(loadSettle)
 
-	pids := map[string]int{"relay": relay.pid(), "containerd": c.PID, "kubelet": kl.PID()}
+	pids := map[string]int{"containerd": c.PID, "kubelet": kl.PID()}
 	unavailable0 := len(kl.LogGrep(loadUnavailable))
-	io0, ioErr := loadProcNumbers(relay.pid(), "io")
+	read0, readErr := relay.rchar()
 	cpu0 := loadCPUSince(b, pids, nil)
+	relay0, err := relay.cpu()
+	if err != nil {
+		b.Fatal(err)
+	}
 	f.Started = time.Now()
 	sampler := startLoadSampler()
 	b.Logf("floor window of %s", window)
 	loadTick(f.Started, window, func(i int, at time.Duration) {
 		cpu := loadCPUSince(b, pids, cpu0)
-		st, err := loadStatus(relay.pid())
+		relayCPU, err := relay.cpu()
 		if err != nil {
 			b.Fatal(err)
 		}
-		s := report.FloorSample{AtNs: int64(at), RelayCPUNs: int64(cpu["relay"]), ContainerdCPUNs: int64(cpu["containerd"]),
-			KubeletCPUNs: int64(cpu["kubelet"]), RelayRSSKiB: st["VmRSS"]}
+		rss, err := relay.rssKiB()
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := report.FloorSample{AtNs: int64(at), RelayCPUNs: int64(relayCPU - relay0), ContainerdCPUNs: int64(cpu["containerd"]),
+			KubeletCPUNs: int64(cpu["kubelet"]), RelayRSSKiB: rss}
 		f.Samples = append(f.Samples, s)
 		if i%12 == 0 {
 			b.Logf("floor %s: relay CPU %s, containerd %s, relay RSS %d KiB", at.Round(time.Second),
@@ -384,63 +422,63 @@ func measureLoadFloor(b *testing.B, floorBin string, window time.Duration, px *h
 	})
 	f.Conditions = sampler.finish()
 	f.WindowNs = int64(time.Since(f.Started))
-	if io1, err := loadProcNumbers(relay.pid(), "io"); err == nil && ioErr == nil {
-		if f.RelayReadBytes = io1["rchar"] - io0["rchar"]; f.RelayReadBytes <= 0 {
-			b.Errorf("the floor relay read nothing during its window: kubelet's calls did not go through it")
+	if read1, err := relay.rchar(); err == nil && readErr == nil {
+		if f.RelayReadBytes = read1 - read0; f.RelayReadBytes <= 0 {
+			b.Errorf("%s read nothing during its window: kubelet's calls did not go through it", floor.name)
 		}
 	} else {
-		b.Logf("floor relay's /proc/<pid>/io: %v %v", ioErr, err)
+		b.Logf("%s's /proc/<pid>/io: %v %v", floor.name, readErr, err)
 	}
 
 	// kubelet's calls reached containerd through the relay all along.
 	unavailable := kl.LogGrep(loadUnavailable)
 	f.Unavailable = len(unavailable) - unavailable0
 	if f.Unavailable > 0 {
-		b.Errorf("kubelet logged %d %q errors during the floor window: its calls did not all reach containerd through the relay; the last:\n%s",
-			f.Unavailable, loadUnavailable, unavailable[len(unavailable)-1])
+		b.Errorf("kubelet logged %d %q errors during the %s window: its calls did not all reach containerd through the relay; the last:\n%s",
+			f.Unavailable, loadUnavailable, floor.name, unavailable[len(unavailable)-1])
 	}
 	var restarts int
 	f.PodsRunning, restarts = loadPodsState(b, kl)
 	f.Restarts = restarts - restarts0
 	if f.PodsRunning != loadPods {
-		b.Errorf("%d of %d pods running and ready at the floor window's end", f.PodsRunning, loadPods)
+		b.Errorf("%d of %d pods running and ready at the end of the %s window", f.PodsRunning, loadPods, floor.name)
 	}
-	if n, err := loadFDs(relay.pid(), "socket:"); err != nil || n < 3 {
-		b.Errorf("kubelet no longer connected through the floor relay at the window's end (%d sockets, %v)", n, err)
+	if n, err := relay.sockets(); err != nil || n < 3 {
+		b.Errorf("kubelet no longer connected through %s at the window's end (%d sockets, %v)", floor.name, n, err)
 	}
 	return f, relay
 }
 
-// loadSwitchToFloor puts the Go byte relay floorBin in place of what
-// serves sock: stop stops that, the relay listens on sock in front of
-// backendSock, and the client that used sock (kubelet) must connect
-// through it by itself within loadReconnect. It returns the relay, still
-// running, and how long the client took from the relay's listening.
-func loadSwitchToFloor(tb testing.TB, stop func() error, sock, backendSock, floorBin string) (*floorProc, time.Duration, error) {
+// loadSwitchToFloor puts a byte relay (argv, named name) in place of what
+// serves sock: stop stops that, the relay listens on sock, and the client
+// that used sock (kubelet) must connect through it by itself within
+// loadReconnect. It returns the relay, still running, and how long the
+// client took from the relay's listening.
+func loadSwitchToFloor(tb testing.TB, stop func() error, sock, name string, argv []string) (*floorProc, time.Duration, error) {
 	tb.Helper()
 	if err := stop(); err != nil {
 		return nil, 0, fmt.Errorf("stop what served %s: %w", sock, err)
 	}
 	// inplaced removes its socket as it exits; one that a killed inplaced
-	// left would end runFloor's wait before the relay listens.
+	// or relay left would end runFloor's wait before the relay listens.
 	if err := os.Remove(sock); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, 0, err
 	}
-	relay := runFloor(tb, report.GoFloor, sock, floorBin, sock, backendSock)
+	relay := runFloor(tb, name, sock, argv...)
 	listening := time.Now()
 	// The client's first connection shows as two more sockets of the
 	// relay's beside its listener: the client's side, and the backend's it
-	// dialled.
+	// dialled (socat's are in the child it forked).
 	for {
-		n, err := loadFDs(relay.pid(), "socket:")
+		n, err := relay.sockets()
 		if err != nil {
-			return relay, 0, fmt.Errorf("floor relay: %w", err)
+			return relay, 0, fmt.Errorf("%s: %w", name, err)
 		}
 		if n >= 3 {
 			return relay, time.Since(listening), nil
 		}
 		if time.Since(listening) > loadReconnect {
-			return relay, 0, fmt.Errorf("no client connected through the floor relay on %s within %s", sock, loadReconnect)
+			return relay, 0, fmt.Errorf("no client connected through %s on %s within %s", name, sock, loadReconnect)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -726,7 +764,13 @@ func TestLoadSwitchToFloor(t *testing.T) {
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	bin := buildFloorRelay(t, dir)
-	sock := filepath.Join(dir, "i.sock")
+	for i, floor := range loadFloors(t, bin) {
+		sock := filepath.Join(dir, fmt.Sprintf("i%d.sock", i))
+		t.Run(floor.name, func(t *testing.T) { testLoadSwitchToFloor(t, sock, backendSock, bin, floor) })
+	}
+}
+
+func testLoadSwitchToFloor(t *testing.T, sock, backendSock, bin string, floor loadFloor) {
 	before := runFloor(t, "before", sock, bin, sock, backendSock)
 
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -757,12 +801,16 @@ func TestLoadSwitchToFloor(t *testing.T) {
 			}
 		}
 	}()
-	relay, took, err := loadSwitchToFloor(t, func() error { before.stop(); return nil }, sock, backendSock, bin)
+	relay, took, err := loadSwitchToFloor(t, func() error { before.stop(); return nil }, sock, floor.name, floor.argv(sock, backendSock))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("the client connected through the floor relay %s after it listened", took)
-	io0, err := loadProcNumbers(relay.pid(), "io")
+	read0, err := relay.rchar()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpu0, err := relay.cpu()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -771,18 +819,24 @@ func TestLoadSwitchToFloor(t *testing.T) {
 			t.Fatalf("through the floor relay: %v", err)
 		}
 	}
+	if cpu1, err := relay.cpu(); err != nil || cpu1 <= cpu0 {
+		t.Errorf("the relay's CPU time %s → %s (%v): its relaying process is not counted", cpu0, cpu1, err)
+	}
 	close(stop)
 	<-done
-	io1, err := loadProcNumbers(relay.pid(), "io")
-	if err != nil || io1["rchar"] <= io0["rchar"] {
-		t.Errorf("the relay's rchar %d → %d (%v): the calls did not go through it", io0["rchar"], io1["rchar"], err)
+	read1, err := relay.rchar()
+	if err != nil || read1 <= read0 {
+		t.Errorf("the relay's rchar %d → %d (%v): the calls did not go through it", read0, read1, err)
 	}
-	if n, err := loadFDs(relay.pid(), "socket:"); err != nil || n < 3 {
+	if n, err := relay.sockets(); err != nil || n < 3 {
 		t.Errorf("%d sockets (%v), want the listener and a connection each way", n, err)
 	}
 	pid := relay.pid()
 	relay.stop()
 	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
 		t.Errorf("the relay (pid %d) is still there after stop: %v", pid, err)
+	}
+	if c := relay.children(); len(c) > 0 {
+		t.Errorf("the relay's children %v are still there after stop", c)
 	}
 }

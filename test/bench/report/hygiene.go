@@ -161,6 +161,11 @@ func judged(ok bool, cells ...*Latency) string {
 // floor the issue-12 targets compare inplaced with.
 const GoFloor = "floor: Go byte relay"
 
+// SocatFloor is the Variant of socat relaying between the two sockets
+// with a 1 MiB transfer block: a C byte relay, the cheapest process there
+// can be on the path.
+const SocatFloor = "floor: socat -b 1 MiB"
+
 // The issue-12 targets: inplaced against the Go byte relay measured in the
 // same rounds.
 const (

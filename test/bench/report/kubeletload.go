@@ -67,19 +67,21 @@ type KubeletLoad struct {
 	PodsRunning int `json:"pods_running"`
 	// Conditions is how busy the machine was during the window.
 	Conditions *Conditions `json:"conditions,omitempty"`
-	// Floor is the window measured after this one with the Go byte relay
-	// in inplaced's place; nil when not measured.
-	Floor *LoadFloor `json:"floor,omitempty"`
+	// Floors are the windows measured after this one with a byte relay in
+	// inplaced's place (the Go byte relay, then socat), in that order; none
+	// when not measured.
+	Floors []*LoadFloor `json:"floors,omitempty"`
 }
 
-// LoadFloor is BenchmarkKubeletLoad's floor window on one backend: after
-// inplaced's window, on the same kubelet and pods, inplaced is stopped and
-// the Go byte relay (test/bench/floorrelay: io.Copy each way, parsing
-// nothing) listens on inplaced's socket; kubelet reconnects by itself.
-// The cheapest process there can be on that path, under the same calls:
-// what its CPU is against containerd's says what any proxy could show.
+// LoadFloor is one of BenchmarkKubeletLoad's floor windows on one
+// backend: after inplaced's window, on the same kubelet and pods, a byte
+// relay (the Go byte relay, test/bench/floorrelay: io.Copy each way; or
+// socat), parsing nothing, listens on inplaced's socket in its place;
+// kubelet reconnects by itself. The cheapest processes there can be on
+// that path, under the same calls: what their CPU is against containerd's
+// says what any proxy could show.
 type LoadFloor struct {
-	// Relay names what ran in inplaced's place (GoFloor).
+	// Relay names what ran in inplaced's place (GoFloor, SocatFloor).
 	Relay string `json:"relay"`
 	// ReconnectNs is from the relay listening until kubelet's first
 	// connection through it; SettleNs the wait after that before the
@@ -90,7 +92,7 @@ type LoadFloor struct {
 	WindowNs    int64         `json:"window_ns"`
 	Samples     []FloorSample `json:"samples"`
 	// RelayReadBytes is what the relay read during the window, both
-	// directions (/proc/<pid>/io rchar).
+	// directions (/proc/<pid>/io rchar, its processes added up).
 	RelayReadBytes int64 `json:"relay_read_bytes"`
 	// Unavailable counts kubelet's log lines with "code = Unavailable"
 	// written during the window: 0 when every call reached containerd.
@@ -248,8 +250,8 @@ type KubeletLoadRun struct {
 }
 
 // KubeletLoadVerdicts are the must-show's four verdicts of one window,
-// and after the CPU verdict, when the floor window was measured, its
-// reference row: the same target applied to the Go byte relay.
+// and after the CPU verdict, for each floor window measured, its
+// reference row: the same target applied to that byte relay.
 func KubeletLoadVerdicts(k *KubeletLoad) []struct{ Target, Measured, Result string } {
 	var out []struct{ Target, Measured, Result string }
 	add := func(t, m, r string) { out = append(out, struct{ Target, Measured, Result string }{t, m, r}) }
@@ -260,7 +262,7 @@ func KubeletLoadVerdicts(k *KubeletLoad) []struct{ Target, Measured, Result stri
 	}
 	add(fmt.Sprintf("inplaced's CPU over the window ≤ %.0f%% of containerd's", TargetLoadCPURatio*100),
 		fmt.Sprintf("%.1f%% (%s ÷ %s)", k.CPURatio()*100, fmtCPU(l.InplacedCPUNs), fmtCPU(l.ContainerdCPUNs)), cpu)
-	if f := k.Floor; f != nil {
+	for _, f := range k.Floors {
 		fl := f.last()
 		res := "met by the floor"
 		if f.CPURatio() > TargetLoadCPURatio {
@@ -367,20 +369,22 @@ func RenderKubeletLoad(w io.Writer, r KubeletLoadRun, docEnv string) error {
 		"steal exceeded %.0f%% of the machine's CPU time: CPU time is work done, but a contended CPU makes each unit of it dearer (cache, wake-ups) "+
 		"for one process and not the other. "+
 		"Memory, goroutine and fd counts do not depend on how busy the CPUs are and are judged in any case.\n\n", MaxForeignLoadPerCPU*100, MaxSteal*100)
-	if i := slices.IndexFunc(r.Loads, func(k *KubeletLoad) bool { return k.Floor != nil }); i >= 0 {
+	if i := slices.IndexFunc(r.Loads, func(k *KubeletLoad) bool { return len(k.Floors) > 0 }); i >= 0 {
 		k := r.Loads[i]
-		fmt.Fprintf(&b, "**The floor window.** containerd's daemon may use little CPU for kubelet's calls (containerd 1.6 does), so the ratio "+
+		fmt.Fprintf(&b, "**The floor windows.** containerd's daemon may use little CPU for kubelet's calls (containerd 1.6 does), so the ratio "+
 			"needs a reference: what the cheapest process there can be on the same path costs under the same calls. After inplaced's window, "+
-			"with the same kubelet and the same %d pods, inplaced is stopped and `test/bench/floorrelay` listens on inplaced's socket: a Go byte relay, "+
-			"one goroutine per direction doing `io.Copy` between kubelet's connection and containerd's socket, parsing nothing (not a CRI proxy: "+
-			"it cannot see a method). kubelet's gRPC clients reconnect by themselves. Once kubelet's first connection has come through the relay, "+
+			"with the same kubelet and the same %d pods, inplaced is stopped and a byte relay listens on inplaced's socket, parsing nothing "+
+			"(not a CRI proxy: it cannot see a method): first `test/bench/floorrelay`, a Go byte relay, one goroutine per direction doing `io.Copy` "+
+			"between kubelet's connection and containerd's socket; then, in a window of its own, `socat -b 1048576 UNIX-LISTEN:…,fork UNIX-CONNECT:<containerd>`, "+
+			"a C byte relay (when installed), its CPU counted over its whole process group: the listener, the child it forks for each of kubelet's "+
+			"connections, and any child it reaped. kubelet's gRPC clients reconnect by themselves. Once kubelet's first connection has come through the relay, "+
 			"and %s more, a window of %s is sampled as inplaced's was, every %s: the relay's, containerd's and kubelet's CPU time and the relay's RSS. "+
 			"That kubelet's calls reach containerd through it is checked: kubelet must log no `code = Unavailable` error during the window, and "+
-			"every pod must still be running and ready at its end (the benchmark fails otherwise). The %.0f%% verdict stays inplaced's; the floor's "+
-			"row is a reference: a target the floor does not meet cannot be met by any process between kubelet and containerd on this backend. "+
-			"The two windows follow each other, they are not the same one: each process is compared with containerd's CPU in its own window, "+
+			"every pod must still be running and ready at its end (the benchmark fails otherwise). The %.0f%% verdict stays inplaced's; the floors' "+
+			"rows are references: a target no floor meets cannot be met by any process between kubelet and containerd on this machine and backend. "+
+			"The windows follow each other, they are not the same one: each process is compared with containerd's CPU in its own window, "+
 			"and *inplaced's ÷ the floor's* divides the two ratios.\n\n",
-			k.Pods, time.Duration(k.Floor.SettleNs), time.Duration(k.Floor.WindowNs).Round(time.Second), time.Duration(k.SampleEveryNs), TargetLoadCPURatio*100)
+			k.Pods, time.Duration(k.Floors[0].SettleNs), time.Duration(k.Floors[0].WindowNs).Round(time.Second), time.Duration(k.SampleEveryNs), TargetLoadCPURatio*100)
 	}
 
 	for _, k := range r.Loads {
@@ -502,24 +506,25 @@ func loadRange(l []float64) string {
 	return fmt.Sprintf("%.1f–%.1f–%.1f", s[0], s[len(s)/2], s[len(s)-1])
 }
 
-// floorSection writes backend k's floor window beside inplaced's, if it
-// was measured.
+// floorSection writes backend k's floor windows beside inplaced's, if
+// they were measured.
 func floorSection(b *strings.Builder, k *KubeletLoad) {
-	f := k.Floor
-	if f == nil {
+	if len(k.Floors) == 0 {
 		return
 	}
-	l, fl := k.last(), f.last()
-	read := ""
-	if f.RelayReadBytes > 0 {
-		read = fmt.Sprintf("; the relay read %s (both directions)", fmtKiB(f.RelayReadBytes>>10))
+	for _, f := range k.Floors {
+		read := ""
+		if f.RelayReadBytes > 0 {
+			read = fmt.Sprintf("; the relay read %s (both directions)", fmtKiB(f.RelayReadBytes>>10))
+		}
+		fmt.Fprintf(b, "The floor window with *%s* in inplaced's place (same kubelet and pods): %s → %s UTC (%s); kubelet's first connection came through "+
+			"the relay %s after it listened; kubelet logged %d `code = Unavailable` errors during the window; %d pods running and ready at its end "+
+			"(%d container restarts since inplaced's window)%s. Conditions: %s.\n\n",
+			f.Relay, f.Started.UTC().Format("2006-01-02 15:04:05"), f.Started.Add(time.Duration(f.WindowNs)).UTC().Format("15:04:05"),
+			time.Duration(f.WindowNs).Round(time.Second), fmtDur(f.ReconnectNs), f.Unavailable, f.PodsRunning, f.Restarts,
+			read, fmtConditions(f.Conditions))
 	}
-	fmt.Fprintf(b, "The floor window (*%s* in inplaced's place, same kubelet and pods): %s → %s UTC (%s); kubelet's first connection came through "+
-		"the relay %s after it listened; kubelet logged %d `code = Unavailable` errors during the window; %d pods running and ready at its end "+
-		"(%d container restarts since inplaced's window)%s. Conditions: %s.\n\n",
-		f.Relay, f.Started.UTC().Format("2006-01-02 15:04:05"), f.Started.Add(time.Duration(f.WindowNs)).UTC().Format("15:04:05"),
-		time.Duration(f.WindowNs).Round(time.Second), fmtDur(f.ReconnectNs), f.Unavailable, f.PodsRunning, f.Restarts,
-		read, fmtConditions(f.Conditions))
+	l := k.last()
 	fmt.Fprintf(b, "| In kubelet's path | Window | Its CPU | Of one CPU | containerd's CPU | Its CPU ÷ containerd's | kubelet's CPU | Its highest VmRSS |\n")
 	fmt.Fprintf(b, "|---|--:|--:|--:|--:|--:|--:|--:|\n")
 	row := func(name string, windowNs, cpu, ctrd, kubelet, rssKiB int64) {
@@ -527,7 +532,14 @@ func floorSection(b *strings.Builder, k *KubeletLoad) {
 			ratio(float64(cpu), float64(windowNs))*100, fmtCPU(ctrd), ratio(float64(cpu), float64(ctrd))*100, fmtCPU(kubelet), fmtKiB(rssKiB))
 	}
 	row("inplaced", k.WindowNs, l.InplacedCPUNs, l.ContainerdCPUNs, l.KubeletCPUNs, k.MaxRSSKiB())
-	row(f.Relay, f.WindowNs, fl.RelayCPUNs, fl.ContainerdCPUNs, fl.KubeletCPUNs, f.MaxRSSKiB())
-	fmt.Fprintf(b, "\ninplaced's share of containerd's CPU ÷ the floor's: **%s** (%.1f%% ÷ %.1f%%).\n\n",
-		fmtRatio(ratio(k.CPURatio(), f.CPURatio())), k.CPURatio()*100, f.CPURatio()*100)
+	for _, f := range k.Floors {
+		fl := f.last()
+		row(f.Relay, f.WindowNs, fl.RelayCPUNs, fl.ContainerdCPUNs, fl.KubeletCPUNs, f.MaxRSSKiB())
+	}
+	b.WriteString("\n")
+	for _, f := range k.Floors {
+		fmt.Fprintf(b, "inplaced's share of containerd's CPU ÷ *%s*'s: **%s** (%.1f%% ÷ %.1f%%).\n",
+			f.Relay, fmtRatio(ratio(k.CPURatio(), f.CPURatio())), k.CPURatio()*100, f.CPURatio()*100)
+	}
+	b.WriteString("\n")
 }

@@ -85,8 +85,10 @@ func TestKubeletLoadVerdicts(t *testing.T) {
 
 // floorFixture is a 5-minute floor window sampled every 5 s: the relay at
 // relayMs per sample, containerd at 100 ms per sample.
-func floorFixture(relayMs int64) *LoadFloor {
-	f := &LoadFloor{Relay: GoFloor, ReconnectNs: int64(1200 * time.Millisecond), SettleNs: int64(30 * time.Second),
+func floorFixture(relayMs int64) *LoadFloor { return floorFixtureOf(GoFloor, relayMs) }
+
+func floorFixtureOf(relay string, relayMs int64) *LoadFloor {
+	f := &LoadFloor{Relay: relay, ReconnectNs: int64(1200 * time.Millisecond), SettleNs: int64(30 * time.Second),
 		Started: time.Unix(700, 0), WindowNs: int64(5 * time.Minute), RelayReadBytes: 300 << 20, PodsRunning: 60,
 		Conditions: &Conditions{NProc: 2, ForeignCPU: 0.1, Steal: new(0.01)}}
 	for i := int64(1); i <= 60; i++ {
@@ -96,12 +98,12 @@ func floorFixture(relayMs int64) *LoadFloor {
 	return f
 }
 
-// TestKubeletLoadFloor: the floor window adds a reference row after the
+// TestKubeletLoadFloor: each floor window adds a reference row after the
 // CPU verdict (met, not met, or unreliable under its own conditions),
 // leaves inplaced's verdict alone, and is rendered beside inplaced's.
 func TestKubeletLoadFloor(t *testing.T) {
 	k := loadFixture(false)
-	k.Floor = floorFixture(1)
+	k.Floors = []*LoadFloor{floorFixture(1)}
 	v := KubeletLoadVerdicts(k)
 	if len(v) != 5 || v[0].Result != "**PASS**" || v[1].Result != "met by the floor" {
 		t.Fatalf("verdicts %+v", v)
@@ -112,36 +114,42 @@ func TestKubeletLoadFloor(t *testing.T) {
 	if !strings.HasPrefix(v[1].Target, "reference, *floor: Go byte relay* in inplaced's place") {
 		t.Errorf("floor row target %q", v[1].Target)
 	}
-	k.Floor = floorFixture(15)
+	k.Floors = []*LoadFloor{floorFixture(15)}
 	if v := KubeletLoadVerdicts(k); v[1].Result != "not met even by the floor" || v[0].Result != "**PASS**" {
 		t.Errorf("a floor above the target: %+v", v[:2])
 	}
-	k.Floor.Conditions.Steal = new(0.06)
+	k.Floors[0].Conditions.Steal = new(0.06)
 	if v := KubeletLoadVerdicts(k); v[1].Result != "unreliable (the hypervisor stole 6.0% of the CPU time)" || v[0].Result != "**PASS**" {
 		t.Errorf("a floor window under steal: %+v", v[:2])
 	}
 
-	k.Floor = floorFixture(1)
+	k.Floors = []*LoadFloor{floorFixture(1), floorFixtureOf(SocatFloor, 2)}
+	if v := KubeletLoadVerdicts(k); len(v) != 6 || !strings.HasPrefix(v[2].Target, "reference, *floor: socat -b 1 MiB* in inplaced's place") ||
+		v[2].Measured != "2.0% (120 ms ÷ 6.00 s over 5m0s); inplaced's 5.0% is 2.50× the floor's" {
+		t.Errorf("two floors: %+v", v)
+	}
 	var b strings.Builder
 	if err := RenderKubeletLoad(&b, KubeletLoadRun{NProc: 2, Loads: []*KubeletLoad{k, loadFixture(false)}}, "ENV"); err != nil {
 		t.Fatal(err)
 	}
 	md := b.String()
 	for _, s := range []string{
-		"**The floor window.**",
+		"**The floor windows.**",
 		"| containerd-2.4 | reference, *floor: Go byte relay* in inplaced's place, its own window: its CPU ≤ 10% of containerd's | 1.0% (60 ms ÷ 6.00 s over 5m0s); inplaced's 5.0% is 5.00× the floor's | met by the floor |",
 		"kubelet's first connection came through the relay 1.20 s after it listened; kubelet logged 0 `code = Unavailable` errors",
 		"the relay read 300.0 MiB (both directions)",
 		"| inplaced | 10m0s | 600 ms | 0.10% | 12.00 s | 5.0% | 0 ms | 20.0 MiB |",
 		"| floor: Go byte relay | 5m0s | 60 ms | 0.02% | 6.00 s | 1.0% | 3.00 s | 6.0 MiB |",
-		"inplaced's share of containerd's CPU ÷ the floor's: **5.00×** (5.0% ÷ 1.0%).",
+		"| floor: socat -b 1 MiB | 5m0s | 120 ms | 0.04% | 6.00 s | 2.0% | 3.00 s | 6.0 MiB |",
+		"inplaced's share of containerd's CPU ÷ *floor: Go byte relay*'s: **5.00×** (5.0% ÷ 1.0%).",
+		"inplaced's share of containerd's CPU ÷ *floor: socat -b 1 MiB*'s: **2.50×** (5.0% ÷ 2.0%).",
 	} {
 		if !strings.Contains(md, s) {
 			t.Errorf("document lacks %q:\n%s", s, md)
 		}
 	}
-	if n := strings.Count(md, "The floor window ("); n != 1 {
-		t.Errorf("%d floor sections, want 1 (the second backend has none)", n)
+	if n := strings.Count(md, "The floor window with"); n != 2 {
+		t.Errorf("%d floor windows described, want 2 (the second backend has none)", n)
 	}
 
 	// The results file keeps it.
@@ -154,8 +162,12 @@ func TestKubeletLoadFloor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := recs[0].KubeletLoad.Floor
-	if f == nil || f.CPURatio() != k.Floor.CPURatio() || len(f.Samples) != 60 || f.Relay != GoFloor || *f.Conditions.Steal != 0.01 {
+	fs := recs[0].KubeletLoad.Floors
+	if len(fs) != 2 || fs[1].Relay != SocatFloor {
+		t.Fatalf("floors after a round trip: %+v", fs)
+	}
+	f := fs[0]
+	if f.CPURatio() != k.Floors[0].CPURatio() || len(f.Samples) != 60 || f.Relay != GoFloor || *f.Conditions.Steal != 0.01 {
 		t.Errorf("floor after a round trip: %+v", f)
 	}
 }
