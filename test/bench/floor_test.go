@@ -1,13 +1,11 @@
 package bench
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -132,51 +130,31 @@ func (p *floorProc) children() []int {
 		if err != nil || pid == leader {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// Fields after the command's closing parenthesis: state ppid pgrp.
-		f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
-		if len(f) > 2 && f[2] == strconv.Itoa(leader) && f[0] != "Z" {
+		// state(3) ppid(4) pgrp(5)
+		f, err := procStat(pid)
+		if err == nil && len(f) > 2 && f[2] == strconv.Itoa(leader) && f[0] != "Z" {
 			out = append(out, pid)
 		}
 	}
 	return out
 }
 
-// clockTick is the kernel's USER_HZ, the unit of /proc/<pid>/stat's times
-// (100 on Linux, whatever the kernel's HZ).
-const clockTick = 10 * time.Millisecond
-
 // cpu is the CPU time of the floor's process group: its live members'
-// and what the leader has of children it reaped (cutime, cstime), so that
-// a socat child whose connection closed still counts.
+// and what the leader has of children it reaped (cutime, cstime: fields 16
+// and 17), so that a socat child whose connection closed still counts.
 func (p *floorProc) cpu() (time.Duration, error) {
-	var sum time.Duration
-	for i, pid := range p.members() {
+	live, err := p.sum(func(pid int) (int64, error) {
 		t, err := procCPU(pid)
-		if err != nil {
-			if i == 0 {
-				return 0, fmt.Errorf("floor (pid %d): %w", pid, err)
-			}
-			continue // a child that exited meanwhile: its time is in cutime
-		}
-		sum += t
+		return int64(t), err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("floor (pid %d): %w", p.pid(), err)
 	}
-	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.pid()), "stat"))
+	reaped, err := statTicks(p.pid(), 16, 17)
 	if err != nil {
 		return 0, err
 	}
-	// After ')': state(3) ... utime(14) stime(15) cutime(16) cstime(17).
-	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
-	for _, i := range []int{16 - 3, 17 - 3} {
-		if i < len(f) {
-			n, _ := strconv.ParseInt(f[i], 10, 64)
-			sum += time.Duration(n) * clockTick
-		}
-	}
-	return sum, nil
+	return time.Duration(live) + reaped, nil
 }
 
 // sum adds up f over the group's members (a member that exited meanwhile

@@ -1,9 +1,7 @@
 package bench
 
 import (
-	"bytes"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -184,16 +182,8 @@ func ownCPU() map[int]time.Duration {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) > 1 {
+		f, err := procStat(pid)
+		if err == nil && len(f) > 1 {
 			parent[pid], _ = strconv.Atoi(f[1])
 		}
 	}

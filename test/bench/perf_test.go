@@ -53,30 +53,45 @@ func procCPU(pid int) (time.Duration, error) {
 	return sum, nil
 }
 
-// procTicks returns the CPU time (user + system) pid has used from
-// /proc/<pid>/stat, in USER_HZ ticks, which Linux fixes at 100 per second.
-func procTicks(pid int) (time.Duration, error) {
+// procStat is /proc/<pid>/stat's fields from field 3 (state) on: the
+// command name before them may hold spaces and parentheses, so they are
+// counted after its last ')'. Field n of proc(5) is f[n-3].
+func procStat(pid int) ([]string, error) {
 	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return nil, err
+	}
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("/proc/%d/stat: no ')'", pid)
+	}
+	return strings.Fields(string(data[i+1:])), nil
+}
+
+// statTicks sums fields (proc(5) numbering) of pid's stat, CPU times in
+// USER_HZ ticks, which Linux fixes at 100 per second.
+func statTicks(pid int, fields ...int) (time.Duration, error) {
+	f, err := procStat(pid)
 	if err != nil {
 		return 0, err
 	}
-	// The command name may hold spaces: fields are counted after its ')'.
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no ')'", pid)
+	var ticks int64
+	for _, n := range fields {
+		if n-3 >= len(f) {
+			return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+		}
+		v, err := strconv.ParseInt(f[n-3], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/%d/stat: field %d %q", pid, n, f[n-3])
+		}
+		ticks += v
 	}
-	f := strings.Fields(string(data[i+1:]))
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
-	}
-	return time.Duration(ut+st) * 10 * time.Millisecond, nil
+	return time.Duration(ticks) * 10 * time.Millisecond, nil
 }
+
+// procTicks returns the CPU time (user + system: fields 14 and 15) pid has
+// used from /proc/<pid>/stat.
+func procTicks(pid int) (time.Duration, error) { return statTicks(pid, 14, 15) }
 
 // perfRecorder samples one process with `perf record` while it runs.
 type perfRecorder struct {
