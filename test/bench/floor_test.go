@@ -21,28 +21,17 @@ import (
 // same two sockets to read and write and must also find the method in the
 // HTTP/2 stream; what a floor adds over direct is what the machine charges
 // for one more process on the path.
-const (
-	criFloorGo    = report.GoFloor
-	criFloorSocat = report.SocatFloor
-)
-
-// startFloors starts each floor in front of the backend socket and returns
-// them as paths to measure. socat is measured when installed
+//
+// startFloors starts each floor (loadFloors) in front of the backend socket
+// and returns them as paths to measure. socat is measured when installed
 // (hack/install-deps.sh installs it).
 func startFloors(b *testing.B, backendSocket string) []criProxy {
 	b.Helper()
 	dir := b.TempDir()
-	floorBin := buildFloorRelay(b, dir)
-	goSock := filepath.Join(dir, "floor-go.sock")
-	out := []criProxy{startFloor(b, criFloorGo, goSock, floorBin, goSock, backendSocket)}
-	if socat, err := exec.LookPath("socat"); err == nil {
-		sock := filepath.Join(dir, "floor-socat.sock")
-		// -b: a 1 MiB transfer block, so a large ListContainers answer
-		// passes in few reads (the default of 8 KiB costs it more).
-		out = append(out, startFloor(b, criFloorSocat, sock, socat, "-b", "1048576",
-			"UNIX-LISTEN:"+sock+",fork,mode=600", "UNIX-CONNECT:"+backendSocket))
-	} else {
-		b.Logf("socat not installed: measuring the Go floor only")
+	var out []criProxy
+	for i, f := range loadFloors(b, buildFloorRelay(b, dir)) {
+		sock := filepath.Join(dir, fmt.Sprintf("floor-%d.sock", i))
+		out = append(out, startFloor(b, f.name, sock, f.argv(sock, backendSocket)...))
 	}
 	return out
 }
@@ -64,7 +53,7 @@ func startFloor(b *testing.B, variant, sock string, argv ...string) criProxy {
 	b.Helper()
 	p := runFloor(b, variant, sock, argv...)
 	pid := p.pid()
-	if variant == criFloorSocat {
+	if variant == report.SocatFloor {
 		pid = 0 // the relaying is done by a forked child
 	}
 	return criProxy{variant: variant, pid: pid, cri: harness.DialCRI(b, "unix://"+sock)}

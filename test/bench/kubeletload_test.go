@@ -365,9 +365,11 @@ func loadFloors(tb testing.TB, floorBin string) []loadFloor {
 	out := []loadFloor{{report.GoFloor, func(sock, backendSock string) []string { return []string{floorBin, sock, backendSock} }}}
 	socat, err := exec.LookPath("socat")
 	if err != nil {
-		tb.Logf("socat not installed: the Go floor window only")
+		tb.Logf("socat not installed: the Go floor only")
 		return out
 	}
+	// -b: a 1 MiB transfer block, so a large ListContainers answer passes
+	// in few reads (the default of 8 KiB costs it more).
 	return append(out, loadFloor{report.SocatFloor, func(sock, backendSock string) []string {
 		return []string{socat, "-b", "1048576", "UNIX-LISTEN:" + sock + ",fork,mode=600", "UNIX-CONNECT:" + backendSock}
 	}})
