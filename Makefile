@@ -35,7 +35,7 @@ vet:
 test: deps build proto-check vet test-unit test-e2e test-node
 
 test-unit:
-	$(GO) test -count=1 -race ./pkg/... ./cmd/...
+	$(GO) test -count=1 -race ./pkg/... ./cmd/... ./test/docs/ ./test/codecheck/
 
 test-e2e: build
 	INPLACED_WITH_KUBELET=1 hack/install-deps.sh --no-apt

@@ -4,11 +4,20 @@
 #     skopeo, protoc, iproute2, iptables, socat (a floor in make bench);
 #   - pinned Go tools under ${INPLACED_TOOLS:-/var/cache/inplaced/tools}:
 #       containerd-v2.4.2/bin/{containerd,containerd-shim-runc-v2}
-#       bin/{crictl,critest,protoc-gen-go,protoc-gen-go-grpc,promtool}
+#       bin/{crictl,critest,protoc-gen-go,protoc-gen-go-grpc}
 #       kubelet-v1.37.2/kubelet            (only with INPLACED_WITH_KUBELET=1)
 #       kube-apiserver-v1.37.2/kube-apiserver, kubectl-v1.37.2/kubectl, etcd-v3.6.16/etcd
 #                                          (only with INPLACED_WITH_KUBELET=1:
 #                                          hack/build-control-plane.sh)
+#       gvisor-<pseudo-version>/bin/{runsc,containerd-shim-runsc-v1}
+#                                          (gVisor, the sandboxed runtime of the
+#                                          e2e tests; INPLACED_WITH_GVISOR=0 skips it)
+#       bin/h2spec                         (only with INPLACED_WITH_H2SPEC=1:
+#                                          make conformance)
+#       kruise-v1.9.1/{kruise-manager,kruise-daemon,crd/,webhook/},
+#       kube-scheduler-v1.37.2/kube-scheduler
+#                                          (only with INPLACED_WITH_KUBELET=1:
+#                                          hack/build-openkruise.sh)
 # Each Go tool has a stamp file holding its version; a changed pin reinstalls it.
 # Every fresh build is timed; the last line sums them up ("fresh builds took: ...").
 #
@@ -26,18 +35,22 @@ CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
 CRI_TOOLS_VERSION="${CRI_TOOLS_VERSION:-v1.37.0}"
 PROTOC_GEN_GO_VERSION="${PROTOC_GEN_GO_VERSION:-v1.36.12}"
 PROTOC_GEN_GO_GRPC_VERSION="${PROTOC_GEN_GO_GRPC_VERSION:-v1.5.1}"
-# promtool (check metrics on inplaced's /metrics in the e2e test), from the
-# Prometheus Go module: v0.316.0 is Prometheus 3.16.
-PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
+# gVisor publishes no Go module releases; its Go-only "go" branch is served by
+# the module proxy as pseudo-versions. This one is gVisor of 2026-09-05.
+GVISOR_VERSION="${GVISOR_VERSION:-v0.0.0-20260905035102-160fafc42237}"
 # Built by hack/build-kubelet.sh and hack/build-control-plane.sh (the same
 # defaults; exported so that they agree).
 export KUBELET_VERSION="${KUBELET_VERSION:-v1.37.2}"
 export KUBE_APISERVER_VERSION="${KUBE_APISERVER_VERSION:-v1.37.2}"
+# h2spec (make conformance): no go.mod of its own, so its dependencies are
+# pinned here, in a scratch module, to the versions it was run with.
+H2SPEC_VERSION="${H2SPEC_VERSION:-v2.2.1+incompatible}"
+H2SPEC_DEPS=(golang.org/x/net@v0.60.0 github.com/spf13/cobra@v1.10.2 github.com/spf13/pflag@v1.0.9 github.com/fatih/color@v1.19.0)
 
 TOOLS="${INPLACED_TOOLS:-/var/cache/inplaced/tools}"
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SCRATCH="${TMPDIR:-/tmp}"
-APT_PACKAGES=(containerd runc containernetworking-plugins busybox-static skopeo protobuf-compiler iproute2 iptables socat graphviz curl)
+APT_PACKAGES=(containerd runc containernetworking-plugins busybox-static skopeo protobuf-compiler iproute2 iptables nftables socat graphviz curl docker-registry)
 
 log() { printf '[install-deps] %s\n' "$*" >&2; }
 # shellcheck source=lib/timing.sh
@@ -144,6 +157,71 @@ install_critest() {
 	timing_record critest $((SECONDS - start))
 }
 
+# install_gvisor builds runsc and containerd-shim-runsc-v1 in one `go build`
+# (they share most packages) from a writable copy of the gVisor module, with
+# one change: the shim lowers its own oom_score_adj to -999 and fails hard
+# when the kernel denies it, as it does in VMs without CAP_SYS_RESOURCE in the
+# bounding set (the reason the test containerd runs with
+# restrict_oom_score_adj). The copy asks for 0 instead, i.e. leaves it as is.
+# The shim speaks shim bootstrap protocol v2: containerd 2.x only.
+install_gvisor() {
+	local bindir="${TOOLS}/gvisor-${GVISOR_VERSION}/bin" version="${GVISOR_VERSION}+oom0"
+	local stamp="${bindir}/.gvisor.version"
+	if stamp_ok "${stamp}" "${version}" && [[ -x "${bindir}/runsc" && -x "${bindir}/containerd-shim-runsc-v1" ]]; then
+		log "gvisor ${version} present"
+		return
+	fi
+	mkdir -p "${bindir}"
+	log "building gvisor ${version} (runsc, containerd-shim-runsc-v1)"
+	local start=${SECONDS} work src
+	work="$(mktemp -d "${SCRATCH}/inplaced-gvisor.XXXXXX")"
+	(
+		trap 'chmod -R u+w "${work}"; rm -rf "${work}"' EXIT
+		cd "${work}" # outside any module: go mod download fetches the one asked for
+		src="$(go mod download -json "gvisor.dev/gvisor@${GVISOR_VERSION}" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+		[[ -d ${src} ]] || { log "gvisor ${GVISOR_VERSION}: module not downloaded"; exit 1; }
+		cp -r "${src}" "${work}/gvisor"
+		chmod -R u+w "${work}/gvisor"
+		local manager="${work}/gvisor/pkg/shim/v1/manager.go"
+		grep -q '^[[:space:]]*oomScoreMax = -999$' "${manager}" || { log "gvisor: oomScoreMax = -999 not found in ${manager}"; exit 1; }
+		sed -i 's/^\([[:space:]]*oomScoreMax = \)-999$/\10/' "${manager}"
+		cd "${work}/gvisor"
+		mkdir out
+		CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -trimpath -mod=mod" go build -ldflags "-s -w" -o out/ ./shim ./runsc
+		mv out/runsc "${bindir}/runsc"
+		mv out/shim "${bindir}/containerd-shim-runsc-v1"
+	)
+	echo "${version}" >"${stamp}"
+	log "gvisor ${version} built in $((SECONDS - start))s"
+	timing_record gvisor $((SECONDS - start))
+}
+
+# h2spec, the HTTP/2 conformance suite run by make conformance against the
+# backends directly and through inplaced (test/conformance).
+install_h2spec() {
+	local bindir="${TOOLS}/bin" version="${H2SPEC_VERSION} ${H2SPEC_DEPS[*]}"
+	local stamp="${bindir}/.h2spec.version"
+	if stamp_ok "${stamp}" "${version}" && [[ -x "${bindir}/h2spec" ]]; then
+		log "h2spec ${H2SPEC_VERSION} present"
+		return
+	fi
+	mkdir -p "${bindir}"
+	log "building h2spec ${H2SPEC_VERSION}"
+	local start=${SECONDS} work
+	work="$(mktemp -d "${SCRATCH}/inplaced-h2spec.XXXXXX")"
+	(
+		trap 'rm -rf "${work}"' EXIT
+		cd "${work}"
+		go mod init inplaced.local/h2spec-build >/dev/null 2>&1
+		GOFLAGS=-mod=mod go get "github.com/summerwind/h2spec@${H2SPEC_VERSION}" "${H2SPEC_DEPS[@]}" >/dev/null 2>&1
+		GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "${bindir}/h2spec.tmp" github.com/summerwind/h2spec/cmd/h2spec
+	)
+	mv "${bindir}/h2spec.tmp" "${bindir}/h2spec"
+	echo "${version}" >"${stamp}"
+	log "h2spec ${H2SPEC_VERSION} built in $((SECONDS - start))s"
+	timing_record h2spec $((SECONDS - start))
+}
+
 # kubelet, kube-apiserver and kubectl come from the same k8s.io/kubernetes
 # module: when all are missing, one scratch module and one `go build` make
 # them; the build scripts then find them present (and build etcd, or
@@ -167,6 +245,8 @@ install_kubernetes() {
 	fi
 	"${HACK}/build-kubelet.sh"
 	"${HACK}/build-control-plane.sh"
+	# After kube-apiserver: kube-scheduler's packages are then in the build cache.
+	"${HACK}/build-openkruise.sh"
 }
 
 main() {
@@ -184,14 +264,15 @@ main() {
 		"google.golang.org/protobuf/cmd/protoc-gen-go@${PROTOC_GEN_GO_VERSION}"
 	go_install "${TOOLS}/bin" protoc-gen-go-grpc "${PROTOC_GEN_GO_GRPC_VERSION}" "" \
 		"google.golang.org/grpc/cmd/protoc-gen-go-grpc@${PROTOC_GEN_GO_GRPC_VERSION}"
-	# remove_all_sd (plugins/plugin_*.go in the Prometheus module) drops the
-	# service discoveries promtool does not need for `check metrics` (AWS, Azure,
-	# GCE, ... SDKs); file, http and kubernetes SD stay.
-	go_install "${TOOLS}/bin" promtool "${PROMETHEUS_VERSION}" remove_all_sd \
-		"github.com/prometheus/prometheus/cmd/promtool@${PROMETHEUS_VERSION}"
 
+	if [[ "${INPLACED_WITH_GVISOR:-1}" == "1" ]]; then
+		install_gvisor
+	fi
 	if [[ "${INPLACED_WITH_KUBELET:-0}" == "1" ]]; then
 		install_kubernetes
+	fi
+	if [[ "${INPLACED_WITH_H2SPEC:-0}" == "1" ]]; then
+		install_h2spec
 	fi
 	log "done in $((SECONDS - start))s; tools in ${TOOLS}"
 	local summary

@@ -52,7 +52,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.socket, "control-socket", defaultControlSocket, "inplaced control API socket")
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table, json or yaml")
 	root.AddCommand(newSwapCommand(g), newCheckCommand(g), newSwapsCommand(g), newRevertCommand(g), newOverridesCommand(g),
-		newResizeCommand(g), newResizesCommand(g), newPsCommand(g), newWatchCommand(g), newPrepullCommand(g))
+		newResizeCommand(g), newResizesCommand(g), newPsCommand(g), newWatchCommand(g), newPrepullCommand(g), newStatusCommand(g))
 	return root
 }
 

@@ -63,7 +63,7 @@ func psFixture() *fakeControl {
 			RunningSwapId: "swap-20261203-abcdef12", RunningStep: "health"},
 		{Id: "fedcba", Namespace: "shop", Pod: "db", Container: "pg", Image: "pg:16", State: "CONTAINER_EXITED",
 			RunningSwapId: "s2", RunningStep: "pull", // an ID shorter than the 8 characters shown
-			LastResizeId: "r1", LastResizeResult: "applied", LastResizeUnixNano: resizedAt.UnixNano()},
+			LastResizeId: "r1", LastResizeResult: "applied", LastResizeUnixNano: resizedAt.UnixNano(), LastResizeEnforced: "on the host, for the whole sandbox"},
 	}}
 }
 
@@ -83,7 +83,8 @@ func TestPsTable(t *testing.T) {
 	for i, want := range [][]string{
 		{"CONTAINER", "POD/CONTAINER", "STATE", "#", "IMAGE", "HASH", "OVERRIDE", "(SWAP)", "SWAP", "RUNNING", "LAST", "RESIZE"},
 		{"0123456789abc", "shop/web/app", "RUNNING", "1", "web:v2", "9f1c", "20261203T131520.884-4ec9ecce", "abcdef12", "health", "-"},
-		{"fedcba", "shop/db/pg", "EXITED", "0", "pg:16", "-", "-", "s2", "pull", "applied", resizedAt.Format("01-02"), resizedAt.Format("15:04:05")},
+		{"fedcba", "shop/db/pg", "EXITED", "0", "pg:16", "-", "-", "s2", "pull", "applied", resizedAt.Format("01-02"), resizedAt.Format("15:04:05"),
+			"(enforced", "on", "the", "host,", "for", "the", "whole", "sandbox)"},
 	} {
 		if got := strings.Fields(lines[i]); strings.Join(got, " ") != strings.Join(want, " ") {
 			t.Errorf("line %d:\n got %q\nwant %q", i, got, want)

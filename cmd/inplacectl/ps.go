@@ -65,6 +65,9 @@ func Ps(ctx context.Context, c inplacedv1.ControlClient, o *PsOptions, output st
 		}
 		if ci.LastResizeId != "" {
 			resize = ci.LastResizeResult + " " + time.Unix(0, ci.LastResizeUnixNano).Format("01-02 15:04:05")
+			if ci.LastResizeEnforced != "" {
+				resize += " (enforced " + ci.LastResizeEnforced + ")"
+			}
 		}
 		hash := ci.KubeletHash
 		if hash == "" {

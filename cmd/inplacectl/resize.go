@@ -112,13 +112,28 @@ func printResize(w io.Writer, r *inplacedv1.ResizeRecord) {
 	if r.Caller != nil {
 		fmt.Fprintf(w, "  caller: %s\n", callerText(r.Caller))
 	}
-	fmt.Fprintf(w, "  in effect: cpu quota %d/%d, shares %d, memory %d\n", r.InEffect.GetCpuQuota(), r.InEffect.GetCpuPeriod(), r.InEffect.GetCpuShares(), r.InEffect.GetMemoryLimitBytes())
+	if r.RuntimeClass != "" {
+		fmt.Fprintf(w, "  runtime handler %s (%s): enforced %s, by %s; verified: %s\n",
+			handlerText(r.RuntimeHandler), r.RuntimeClass, r.Enforced, r.EnforcedBy, r.Verified)
+	}
+	if r.Requested != nil {
+		fmt.Fprintf(w, "  requested for the container: %s\n", valuesText(r.Requested))
+	}
+	where := ""
+	if r.Method == "sandbox" {
+		where = " (whole sandbox)"
+	}
+	fmt.Fprintf(w, "  in effect%s: %s\n", where, valuesText(r.InEffect))
 	if len(r.Repaired) > 0 {
 		fmt.Fprintf(w, "  repaired by inplaced: %s\n", strings.Join(r.Repaired, ", "))
 	}
 	if r.Error != "" {
 		fmt.Fprintf(w, "  error: %s\n", r.Error)
 	}
+}
+
+func valuesText(v *inplacedv1.ResizeValues) string {
+	return fmt.Sprintf("cpu quota %d/%d, shares %d, memory %d", v.GetCpuQuota(), v.GetCpuPeriod(), v.GetCpuShares(), v.GetMemoryLimitBytes())
 }
 
 func newResizesCommand(g *globals) *cobra.Command {

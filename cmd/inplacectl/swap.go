@@ -212,7 +212,11 @@ func followSwap(stream eventStream, output string, w io.Writer) error {
 		fmt.Fprintf(w, "swap %s: %s\n", final.Id, strings.TrimPrefix(final.State.String(), "SWAP_STATE_"))
 		fmt.Fprintf(w, "  %s → %s\n", final.From.GetImage(), final.To.GetImage())
 		fmt.Fprintf(w, "  old container %s, new %s, running %s\n", final.OldContainerId, final.NewContainerId, final.RunningContainerId)
+		fmt.Fprintf(w, "  sandbox %s (runtime handler %s): %s\n", shortID(final.SandboxId), handlerText(final.RuntimeHandler), keptText(final.SandboxKept))
 		fmt.Fprintf(w, "  downtime: %s\n", time.Duration(final.DowntimeNs).Round(time.Microsecond))
+		if h := final.Hold; h != nil {
+			fmt.Fprintf(w, "  connections: %s\n", h.Summary())
+		}
 		if final.Error != "" {
 			fmt.Fprintf(w, "  error: %s\n", final.Error)
 		}
@@ -221,6 +225,21 @@ func followSwap(stream eventStream, output string, w io.Writer) error {
 		return fmt.Errorf("%w: %s: %s", errSwapFailed, final.State, final.Error)
 	}
 	return nil
+}
+
+// handlerText names a runtime handler; CRI's empty name is the runtime's default.
+func handlerText(h string) string {
+	if h == "" {
+		return "default"
+	}
+	return h
+}
+
+func keptText(kept bool) string {
+	if kept {
+		return "kept (same IP, network namespace and sandbox process)"
+	}
+	return "NOT shown to be kept"
 }
 
 func newSwapsCommand(g *globals) *cobra.Command {
@@ -279,6 +298,9 @@ func printSwaps(w io.Writer, output string, swaps []*inplacedv1.SwapRecord) erro
 		}
 		if s.Handoff != "" {
 			fmt.Fprintf(w, "    kubelet: %s\n", s.Handoff)
+		}
+		if s.Hold != nil {
+			fmt.Fprintf(w, "    connections: %s\n", s.Hold.Summary())
 		}
 		if s.State == inplacedv1.SwapState_SWAP_STATE_RUNNING && len(s.Steps) > 0 {
 			st := s.Steps[len(s.Steps)-1]

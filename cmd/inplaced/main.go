@@ -74,11 +74,17 @@ func newRootCommand() *cobra.Command {
 	f.StringVar(&flagCfg.ControlSocket, "control-socket", def.ControlSocket, "control API socket (inplacectl)")
 	f.StringVar(&flagCfg.LogLevel, "log-level", def.LogLevel, "debug, info, warn or error")
 	f.StringVar(&flagCfg.LogFormat, "log-format", def.LogFormat, "json or console")
-	f.StringVar(&flagCfg.Kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig to watch this node's pods with (kubelet's works); empty: node-local only")
+	f.StringVar(&flagCfg.Kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig to watch this node's pods with (kubelet's works; a file not there yet is waited for while CRI is served); empty: node-local only")
 	f.StringVar(&flagCfg.NodeName, "node-name", "", "this node's name in the API (default: the hostname, as kubelet)")
 	f.StringVar(&flagCfg.OnPullFailure, "on-pull-failure", def.OnPullFailure, "when a pod spec's new image cannot be pulled: keep-running (kubelet's stop refused) or pass-through")
 	f.StringVar(&flagCfg.AffinityDrift, "affinity-drift", def.AffinityDrift, "a swap of a pod that no longer fits its node (nodeSelector, required affinity, taints): warn or refuse")
 	f.StringVar(&flagCfg.MetricsListen, "metrics-listen", "", "serve Prometheus metrics on this host:port (/metrics); empty: off")
+	f.StringVar(&flagCfg.KubeletRootDir, "kubelet-root-dir", def.KubeletRootDir, "kubelet's --root-dir: the node's docker config (config.json) is read there first, as kubelet does")
+	f.StringVar(&flagCfg.ImageCredentialProviderConfig, "image-credential-provider-config", "", "kubelet's flag of the same name: credential-provider plugin config for the pull before kubelet's stop")
+	f.StringVar(&flagCfg.ImageCredentialProviderBinDir, "image-credential-provider-bin-dir", "", "kubelet's flag of the same name: where the credential-provider plugins are")
+	f.StringVar(&flagCfg.Relay, "relay", def.Relay, "how calls are served: router (HTTP/2 router, the cheapest) or grpc (grpc-go server and client for every call: the fallback)")
+	f.StringVar(&flagCfg.ConnectionHold, "connection-hold", def.ConnectionHold, "new connections to a container's ports while it is swapped: queue (wait for the new process), drop (clients retry after ~1 s) or off (refused); pod annotation inplaced.io/connection-hold")
+	f.DurationVar((*timeDuration)(&flagCfg.HoldMax).ptr(), "hold-max", def.HoldMax.D(), "the longest a connection hold lasts; pod annotation inplaced.io/hold-max")
 	f.DurationVar((*timeDuration)(&flagCfg.HealthMinRuntime).ptr(), "health-min-runtime", def.HealthMinRuntime.D(), "how long a swapped-in container must keep running before the swap commits")
 	cmd.AddCommand(newVersionCommand())
 	return cmd
@@ -120,6 +126,14 @@ func overrideFromFlags(cfg *config.Config, flags config.Config, fs *pflag.FlagSe
 	set("on-pull-failure", &cfg.OnPullFailure, flags.OnPullFailure)
 	set("affinity-drift", &cfg.AffinityDrift, flags.AffinityDrift)
 	set("metrics-listen", &cfg.MetricsListen, flags.MetricsListen)
+	set("kubelet-root-dir", &cfg.KubeletRootDir, flags.KubeletRootDir)
+	set("image-credential-provider-config", &cfg.ImageCredentialProviderConfig, flags.ImageCredentialProviderConfig)
+	set("image-credential-provider-bin-dir", &cfg.ImageCredentialProviderBinDir, flags.ImageCredentialProviderBinDir)
+	set("relay", &cfg.Relay, flags.Relay)
+	set("connection-hold", &cfg.ConnectionHold, flags.ConnectionHold)
+	if fs.Changed("hold-max") {
+		cfg.HoldMax = flags.HoldMax
+	}
 	if fs.Changed("health-min-runtime") {
 		cfg.HealthMinRuntime = flags.HealthMinRuntime
 	}

@@ -11,7 +11,10 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
+
+	"github.com/inplaced/inplaced/pkg/runtimeclass"
 )
 
 // DefaultConfigPath is read when present and --config is not given.
@@ -41,8 +44,15 @@ type Config struct {
 	// FenceTimeout bounds how long kubelet's calls for a container wait for a
 	// running swap on it.
 	FenceTimeout Duration `json:"fenceTimeout"`
-	// VMRuntimeHandlers are runtime handlers whose sandboxes are VMs (Kata):
-	// host cgroup writes do not reach the guest.
+	// RuntimeClasses say where each runtime handler's sandboxes have their
+	// CPU and memory limits enforced, in front of the built-in table (runc,
+	// crun: container-cgroups; runsc: sandbox-cgroup; kata*: vm; other
+	// handlers by the runtime type containerd reports, else treated as
+	// unknown: through the runtime only, nothing claimed as verified). See
+	// package runtimeclass.
+	RuntimeClasses []RuntimeClass `json:"runtimeClasses"`
+	// VMRuntimeHandlers is the older spelling of runtimeClasses entries with
+	// enforcement vm; kept so that existing config files still load.
 	VMRuntimeHandlers []string `json:"vmRuntimeHandlers"`
 	// CgroupRoot is where the cgroup hierarchies are mounted.
 	CgroupRoot string `json:"cgroupRoot"`
@@ -65,24 +75,50 @@ type Config struct {
 	// MetricsListen is the host:port Prometheus metrics are served on
 	// (/metrics). Empty: off.
 	MetricsListen string `json:"metricsListen"`
+	// KubeletRootDir is kubelet's --root-dir: the node's docker config
+	// (config.json) is read from there first, as kubelet reads it, for the
+	// pull before kubelet's stop.
+	KubeletRootDir string `json:"kubeletRootDir"`
+	// ImageCredentialProviderConfig and ImageCredentialProviderBinDir are
+	// kubelet's flags of the same names: the credential-provider plugins
+	// the pull before kubelet's stop asks, as kubelet would. Empty: none.
+	ImageCredentialProviderConfig string `json:"imageCredentialProviderConfig"`
+	ImageCredentialProviderBinDir string `json:"imageCredentialProviderBinDir"`
+	// Relay is how kubelet's calls are served: router (the HTTP/2 router,
+	// the default: the cheapest per call) or grpc (grpc-go's server and
+	// client for every call, as the intercepted methods are served: the
+	// fallback if the router misbehaves with a caller or backend).
+	Relay string `json:"relay"`
+	// ConnectionHold is what a swap does about new connections while no
+	// process listens: queue (park the SYNs in the pod's netns until the new
+	// process listens), drop (clients retransmit after ~1 s) or off. Pods
+	// override it with the annotation inplaced.io/connection-hold;
+	// hostNetwork pods are off unless they opt in.
+	ConnectionHold string `json:"connectionHold"`
+	// HoldMax is the longest a connection hold lasts (annotation
+	// inplaced.io/hold-max); then the port is released as it is.
+	HoldMax Duration `json:"holdMax"`
 }
 
 // Default returns the configuration used when nothing is set.
 func Default() Config {
 	return Config{
-		Listen:            "/run/inplaced/inplaced.sock",
-		RuntimeEndpoint:   "unix:///run/containerd/containerd.sock",
-		StateDir:          "/var/lib/inplaced",
-		ControlSocket:     "/run/inplaced/control.sock",
-		LogLevel:          "info",
-		LogFormat:         "json",
-		ShutdownTimeout:   Duration(10 * time.Second),
-		HealthMinRuntime:  Duration(3 * time.Second),
-		FenceTimeout:      Duration(2 * time.Minute),
-		VMRuntimeHandlers: []string{"kata", "kata-qemu", "kata-clh", "kata-fc"},
-		CgroupRoot:        "/sys/fs/cgroup",
-		OnPullFailure:     "keep-running",
-		AffinityDrift:     "warn",
+		Listen:           "/run/inplaced/inplaced.sock",
+		RuntimeEndpoint:  "unix:///run/containerd/containerd.sock",
+		StateDir:         "/var/lib/inplaced",
+		ControlSocket:    "/run/inplaced/control.sock",
+		LogLevel:         "info",
+		LogFormat:        "json",
+		ShutdownTimeout:  Duration(10 * time.Second),
+		HealthMinRuntime: Duration(3 * time.Second),
+		FenceTimeout:     Duration(2 * time.Minute),
+		CgroupRoot:       "/sys/fs/cgroup",
+		OnPullFailure:    "keep-running",
+		AffinityDrift:    "warn",
+		KubeletRootDir:   "/var/lib/kubelet",
+		Relay:            "router",
+		ConnectionHold:   "queue",
+		HoldMax:          Duration(10 * time.Second),
 	}
 }
 
@@ -167,22 +203,94 @@ func (c Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("--affinity-drift %q: want warn or refuse", c.AffinityDrift))
 	}
+	switch c.Relay {
+	case "router", "grpc":
+	default:
+		errs = append(errs, fmt.Errorf("--relay %q: want router (the default) or grpc", c.Relay))
+	}
+	switch c.ConnectionHold {
+	case "queue", "drop", "off":
+	default:
+		errs = append(errs, fmt.Errorf("--connection-hold %q: want queue, drop or off", c.ConnectionHold))
+	}
+	if c.HoldMax <= 0 || c.HoldMax.D() > 5*time.Minute {
+		errs = append(errs, fmt.Errorf("--hold-max %s: want a duration above 0 and up to 5m, e.g. 10s", c.HoldMax.D()))
+	}
 	if c.MetricsListen != "" {
 		if _, port, err := net.SplitHostPort(c.MetricsListen); err != nil || port == "" {
 			errs = append(errs, fmt.Errorf("--metrics-listen %q: want host:port, e.g. 127.0.0.1:9470", c.MetricsListen))
 		}
 	}
 	if c.Kubeconfig != "" {
-		if st, err := os.Stat(c.Kubeconfig); err != nil {
-			errs = append(errs, fmt.Errorf("--kubeconfig %q: %w (give kubelet's kubeconfig, e.g. /etc/kubernetes/kubelet.conf)", c.Kubeconfig, err))
-		} else if st.IsDir() {
+		// A file that does not exist yet is fine: on k3s it is written once
+		// the node runs, which needs inplaced's CRI socket first; the daemon
+		// waits for it.
+		if st, err := os.Stat(c.Kubeconfig); err == nil && st.IsDir() {
 			errs = append(errs, fmt.Errorf("--kubeconfig %q is a directory: give the kubeconfig file", c.Kubeconfig))
 		}
+	}
+	if (c.ImageCredentialProviderConfig == "") != (c.ImageCredentialProviderBinDir == "") {
+		errs = append(errs, fmt.Errorf("--image-credential-provider-config %q and --image-credential-provider-bin-dir %q: give both (kubelet's values) or neither",
+			c.ImageCredentialProviderConfig, c.ImageCredentialProviderBinDir))
+	}
+	for _, f := range []struct{ name, path string }{
+		{"image-credential-provider-config", c.ImageCredentialProviderConfig}, {"image-credential-provider-bin-dir", c.ImageCredentialProviderBinDir},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			errs = append(errs, fmt.Errorf("--%s: %w (give kubelet's value)", f.name, err))
+		}
+	}
+	if _, err := c.RuntimeClassTable(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.ShutdownTimeout <= 0 || c.FenceTimeout <= 0 || c.HealthMinRuntime < 0 {
 		errs = append(errs, errors.New("shutdownTimeout and fenceTimeout must be positive, healthMinRuntime not negative"))
 	}
 	return errors.Join(errs...)
+}
+
+// RuntimeClass is one entry of runtimeClasses.
+type RuntimeClass struct {
+	// Handler is a CRI runtime handler name, or a prefix ending in "*"
+	// ("kata*"); "" is CRI's default handler.
+	Handler string `json:"handler"`
+	// Enforcement is container-cgroups, sandbox-cgroup or vm.
+	Enforcement string `json:"enforcement"`
+	// PodOverhead is added to the sum of the containers' limits for a
+	// sandbox-cgroup pod whose sandbox config declares no overhead of its own
+	// (kubelet passes a RuntimeClass's overhead there).
+	PodOverhead struct {
+		CPU    *resource.Quantity `json:"cpu"`
+		Memory *resource.Quantity `json:"memory"`
+	} `json:"podOverhead"`
+}
+
+// RuntimeClassTable is the runtime class table of runtimeClasses and
+// vmRuntimeHandlers, with errors that say which entry to fix.
+func (c Config) RuntimeClassTable() (*runtimeclass.Table, error) {
+	var classes []runtimeclass.Class
+	named := map[string]bool{}
+	for _, rc := range c.RuntimeClasses {
+		cl := runtimeclass.Class{Handler: rc.Handler, Enforcement: runtimeclass.Enforcement(rc.Enforcement)}
+		if q := rc.PodOverhead.CPU; q != nil {
+			cl.Overhead.CPUMillis = q.MilliValue()
+		}
+		if q := rc.PodOverhead.Memory; q != nil {
+			cl.Overhead.MemoryBytes = q.Value()
+		}
+		classes = append(classes, cl)
+		named[rc.Handler] = true
+	}
+	for _, h := range c.VMRuntimeHandlers {
+		if !named[h] {
+			classes = append(classes, runtimeclass.Class{Handler: h, Enforcement: runtimeclass.VM})
+			named[h] = true
+		}
+	}
+	return runtimeclass.New(classes)
 }
 
 // Duration is a time.Duration that reads "10s" from YAML.

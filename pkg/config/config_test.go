@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/inplaced/inplaced/pkg/runtimeclass"
 )
 
 func TestDefaultIsValid(t *testing.T) {
@@ -36,10 +38,18 @@ func TestValidate(t *testing.T) {
 		{"relative image endpoint", func(c *Config) { c.ImageEndpoint = "containerd.sock" }, []string{"--image-endpoint"}},
 		{"bad log level", func(c *Config) { c.LogLevel = "verbose" }, []string{"--log-level", "verbose"}},
 		{"bad log format", func(c *Config) { c.LogFormat = "text" }, []string{"--log-format", "text"}},
+		{"grpc relay", func(c *Config) { c.Relay = "grpc" }, nil},
+		{"bad relay", func(c *Config) { c.Relay = "h2" }, []string{"--relay", "h2", "router"}},
 		{"zero shutdown timeout", func(c *Config) { c.ShutdownTimeout = 0 }, []string{"shutdownTimeout"}},
 		{"zero fence timeout", func(c *Config) { c.FenceTimeout = 0 }, []string{"fenceTimeout"}},
 		{"negative health min runtime", func(c *Config) { c.HealthMinRuntime = Duration(-time.Second) }, []string{"healthMinRuntime"}},
 		{"zero health min runtime is fine", func(c *Config) { c.HealthMinRuntime = 0 }, nil},
+		{"credential provider config without bin dir", func(c *Config) { c.ImageCredentialProviderConfig = "/" },
+			[]string{"--image-credential-provider-config", "--image-credential-provider-bin-dir", "both"}},
+		{"credential provider paths that do not exist", func(c *Config) {
+			c.ImageCredentialProviderConfig, c.ImageCredentialProviderBinDir = "/nonexistent/a.yaml", "/nonexistent/bin"
+		}, []string{"--image-credential-provider-config: stat /nonexistent/a.yaml", "--image-credential-provider-bin-dir: stat", "kubelet's value"}},
+		{"credential provider paths that exist", func(c *Config) { c.ImageCredentialProviderConfig, c.ImageCredentialProviderBinDir = "/", "/" }, nil},
 		{"every problem at once", func(c *Config) {
 			c.Listen, c.LogLevel, c.LogFormat = "rel.sock", "loud", "xml"
 		}, []string{"--listen", "--log-level", "--log-format"}},
@@ -175,5 +185,45 @@ func TestDurationJSON(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(`"soon"`), &d); err == nil || !strings.Contains(err.Error(), `"10s"`) {
 		t.Errorf("Unmarshal soon: %v, want an error with an example", err)
+	}
+}
+
+func TestRuntimeClasses(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(p, []byte(`
+runtimeClasses:
+- handler: kata-fc
+  enforcement: sandbox-cgroup
+  podOverhead: {cpu: 250m, memory: 64Mi}
+- handler: secure*
+  enforcement: vm
+vmRuntimeHandlers: [kata-old]
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(p, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	tab, err := c.RuntimeClassTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl := tab.Lookup("kata-fc", ""); cl.Enforcement != runtimeclass.SandboxCgroup || cl.Overhead != (runtimeclass.Overhead{CPUMillis: 250, MemoryBytes: 64 << 20}) {
+		t.Errorf("kata-fc: %+v", cl)
+	}
+	for _, h := range []string{"secure-1", "kata-old"} {
+		if cl := tab.Lookup(h, ""); cl.Enforcement != runtimeclass.VM || cl.Source != "config" {
+			t.Errorf("%s: %+v, want vm from config", h, cl)
+		}
+	}
+
+	c.RuntimeClasses[1].Enforcement = "cgroups"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), `enforcement "cgroups": want container-cgroups, sandbox-cgroup or vm`) {
+		t.Errorf("Validate of a bad enforcement: %v", err)
 	}
 }

@@ -74,6 +74,7 @@ func (s *Server) ListContainers(ctx context.Context, req *inplacedv1.ListContain
 		}
 		if r := lastResize[c.Id]; r != nil {
 			ci.LastResizeId, ci.LastResizeResult, ci.LastResizeUnixNano = r.Id, r.Result, r.StartedUnixNano
+			ci.LastResizeEnforced = r.Enforced
 		}
 		resp.Containers = append(resp.Containers, ci)
 	}

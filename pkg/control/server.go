@@ -1,7 +1,9 @@
 // Package control serves the inplaced.v1 Control API on the control socket.
 // It is a thin edge: it reads the caller's credentials, hands requests to
-// the swap engine and the resizer, and streams events back. Errors from the
-// engine are already gRPC status errors.
+// the swap engine and the resizer, and streams events back. The engine's
+// refusals (swap.ErrInvalid, ErrNotFound, ErrRefused) get their gRPC codes
+// here, once, in an interceptor (codes.go); a runtime's status passes as it
+// is.
 package control
 
 import (
@@ -37,15 +39,13 @@ type Server struct {
 	puller  swap.Puller
 	view    runtimeapi.RuntimeServiceClient
 	prepull prepulls
+	status  StatusFunc
 }
 
 // PodChecker lists the pods that no longer fit the node (package kube).
 type PodChecker interface {
 	Misfits() (node string, checked int, misfits []*inplacedv1.PodFit, err error)
 }
-
-// SetPodChecker enables CheckPods (Kubernetes mode).
-func (s *Server) SetPodChecker(p PodChecker) { s.pods = p }
 
 // CheckPods lists the pods on the node that no longer fit it.
 func (s *Server) CheckPods(context.Context, *inplacedv1.CheckPodsRequest) (*inplacedv1.CheckPodsResponse, error) {
@@ -59,30 +59,46 @@ func (s *Server) CheckPods(context.Context, *inplacedv1.CheckPodsRequest) (*inpl
 	return &inplacedv1.CheckPodsResponse{Node: node, PodsChecked: int32(n), Misfits: misfits}, nil
 }
 
-// New returns a control server.
-func New(engine *swap.Engine, st *store.Store, resizer Resizer) *Server {
-	return &Server{engine: engine, store: st, resizer: resizer}
+// Options configures a Server. Engine and Store are required; each other
+// part enables the calls that need it (without it they say so).
+type Options struct {
+	Engine *swap.Engine
+	Store  *store.Store
+	// Resizer enables Resize.
+	Resizer Resizer
+	// Events enables Watch.
+	Events *events.Hub
+	// Puller enables Prepull.
+	Puller swap.Puller
+	// KubeletView enables ListContainers: a client of inplaced's own CRI
+	// socket, so the list is what kubelet sees.
+	KubeletView runtimeapi.RuntimeServiceClient
+	// PodChecker enables CheckPods (Kubernetes mode).
+	PodChecker PodChecker
+	// Status enables Status.
+	Status StatusFunc
 }
 
-// SetEvents enables Watch.
-func (s *Server) SetEvents(h *events.Hub) { s.hub = h }
-
-// SetPuller enables Prepull.
-func (s *Server) SetPuller(p swap.Puller) { s.puller = p }
-
-// SetKubeletView enables ListContainers: rt is a client of inplaced's own
-// CRI socket, so the list is what kubelet sees.
-func (s *Server) SetKubeletView(rt runtimeapi.RuntimeServiceClient) { s.view = rt }
+// New returns a control server.
+func New(o Options) (*Server, error) {
+	if o.Engine == nil || o.Store == nil {
+		return nil, errors.New("control.New: engine and store are required")
+	}
+	return &Server{engine: o.Engine, store: o.Store, resizer: o.Resizer, hub: o.Events, puller: o.Puller,
+		view: o.KubeletView, pods: o.PodChecker, status: o.Status}, nil
+}
 
 // ServerOptions are the grpc.Server options the control socket needs: the
-// peer credentials and the audit log (one line per call; nil: none).
+// peer credentials, the audit log (one line per call; nil: none) and the
+// mapping of the engine's refusals to gRPC codes (grpcError).
 func ServerOptions(audit *zap.Logger) []grpc.ServerOption {
 	opts := []grpc.ServerOption{grpc.Creds(caller.Credentials())}
 	if audit != nil {
 		a := auditor{log: audit}
 		opts = append(opts, grpc.ChainUnaryInterceptor(a.unary), grpc.ChainStreamInterceptor(a.stream))
 	}
-	return opts
+	// Chained after the audit's: errors are mapped before it logs them.
+	return append(opts, grpc.ChainUnaryInterceptor(mapUnary), grpc.ChainStreamInterceptor(mapStream))
 }
 
 // callerOf is the peer as the swap engine records it.
@@ -106,7 +122,7 @@ func stream(sub *swap.Subscription, out grpc.ServerStreamingServer[inplacedv1.Sw
 
 // Swap implements inplacedv1.ControlServer.
 func (s *Server) Swap(req *inplacedv1.SwapRequest, out grpc.ServerStreamingServer[inplacedv1.SwapEvent]) error {
-	sub, err := s.engine.Start(out.Context(), req, callerOf(out.Context()))
+	sub, err := s.engine.Start(out.Context(), req, callerOf(out.Context()), swap.Hooks{})
 	if err != nil {
 		return err
 	}

@@ -9,9 +9,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
-	"github.com/coreos/go-systemd/v22/daemon"
+	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -21,89 +22,171 @@ import (
 	"github.com/inplaced/inplaced/pkg/config"
 	"github.com/inplaced/inplaced/pkg/control"
 	"github.com/inplaced/inplaced/pkg/fence"
+	"github.com/inplaced/inplaced/pkg/health"
 	"github.com/inplaced/inplaced/pkg/intercept"
+	"github.com/inplaced/inplaced/pkg/kubeletview"
 	"github.com/inplaced/inplaced/pkg/pull"
 	"github.com/inplaced/inplaced/pkg/relay"
 	"github.com/inplaced/inplaced/pkg/resize"
 	"github.com/inplaced/inplaced/pkg/resources"
 	"github.com/inplaced/inplaced/pkg/store"
 	"github.com/inplaced/inplaced/pkg/swap"
+	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
 // Run serves until ctx is cancelled, then shuts down gracefully: it stops
 // accepting, lets in-flight unary calls finish within cfg.ShutdownTimeout,
-// ends streams, and returns nil.
-func Run(ctx context.Context, cfg config.Config, log *zap.Logger) (retErr error) {
+// ends streams, and returns nil. It builds every part first (build), serves
+// (serve), and shuts down (shutDown); what build made is closed, in the
+// reverse order, whichever way Run returns.
+func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	runtimeConn, err := relay.Dial(cfg.RuntimeEndpoint)
-	if err != nil {
+	d := &daemon{cfg: cfg, log: log}
+	defer d.close()
+	if err := d.build(ctx); err != nil {
+		return err
+	}
+	return d.serve(ctx)
+}
+
+// daemon holds what Run builds, and the undo of each part (closers).
+type daemon struct {
+	cfg     config.Config
+	log     *zap.Logger
+	closers []func()
+
+	runtimeConn, imageConn *grpc.ClientConn
+	rt                     runtimeapi.RuntimeServiceClient
+	images                 runtimeapi.ImageServiceClient
+	board                  *health.Board
+	st                     *store.Store
+	obs                    *observers
+	kslot                  *kubeSlot
+	rep                    *reporter
+	fences                 *fence.Registry
+	view                   *kubeletview.View
+	puller                 *pull.Puller
+	engine                 *swap.Engine
+	keeper                 *stateKeeper
+	resizer                guardedResizer
+	relay                  *relay.Relay
+	ctl                    *grpc.Server
+}
+
+// onClose registers the undo of a part just built.
+func (d *daemon) onClose(f func()) { d.closers = append(d.closers, f) }
+
+// close undoes what was built, last first.
+func (d *daemon) close() {
+	for i := len(d.closers) - 1; i >= 0; i-- {
+		d.closers[i]()
+	}
+}
+
+// build makes every part, in the order they depend on each other.
+func (d *daemon) build(ctx context.Context) error {
+	for _, step := range []func(context.Context) error{d.dial, d.openState, d.newEngine, d.newRelay, d.newControl} {
+		if err := step(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dial connects to the backend's runtime and image endpoints.
+func (d *daemon) dial(context.Context) error {
+	var err error
+	if d.runtimeConn, err = relay.Dial(d.cfg.RuntimeEndpoint); err != nil {
 		return fmt.Errorf("runtime endpoint: %w", err)
 	}
-	defer runtimeConn.Close()
-	imageConn := runtimeConn
-	if cfg.EffectiveImageEndpoint() != cfg.RuntimeEndpoint {
-		if imageConn, err = relay.Dial(cfg.EffectiveImageEndpoint()); err != nil {
+	d.onClose(func() { d.runtimeConn.Close() })
+	d.imageConn = d.runtimeConn
+	if d.cfg.EffectiveImageEndpoint() != d.cfg.RuntimeEndpoint {
+		if d.imageConn, err = relay.Dial(d.cfg.EffectiveImageEndpoint()); err != nil {
 			return fmt.Errorf("image endpoint: %w", err)
 		}
-		defer imageConn.Close()
+		d.onClose(func() { d.imageConn.Close() })
 	}
+	d.rt = runtimeapi.NewRuntimeServiceClient(d.runtimeConn)
+	d.images = runtimeapi.NewImageServiceClient(d.imageConn)
+	return nil
+}
 
-	st, err := store.Open(cfg.StateDir)
+// openState opens the store and what reports on inplaced's own parts.
+// Nothing of inplaced's own stops kubelet's calls from passing through: a
+// state store, kubeconfig, metrics listener or control socket that cannot be
+// used is put on the board, reported, retried, and only what needs it is
+// refused meanwhile.
+func (d *daemon) openState(context.Context) error {
+	d.board = health.New()
+	d.st = store.OpenOrDegrade(d.cfg.StateDir)
+	d.onClose(func() { d.st.Close() })
+	var err error
+	if d.obs, err = newObservers(d.cfg, d.st); err != nil {
+		return err
+	}
+	d.kslot = &kubeSlot{kubeconfig: d.cfg.Kubeconfig}
+	d.rep = &reporter{obs: d.obs, kube: d.kslot, log: d.log}
+	d.board.Watch(d.rep.changed)
+	d.st.OnSetAside(d.rep.setAside)
+	d.fences = fence.NewRegistry()
+	d.fences.SetWaitObserver(d.obs)
+	d.view = kubeletview.New()
+	return nil
+}
+
+// newEngine makes the puller, the swap engine and the resizer, and settles
+// the journal (stateKeeper.start) before anything is served.
+func (d *daemon) newEngine(ctx context.Context) error {
+	var err error
+	d.puller, err = pull.New(pull.Options{Images: d.images, ContainerdAddress: d.cfg.EffectiveImageEndpoint(),
+		Logger: d.log.Named("pull"), Bytes: d.obs.pulledBytes})
 	if err != nil {
 		return err
 	}
-	defer st.Close()
-	obs, err := newObservers(cfg, st)
-	if err != nil {
-		return err
-	}
-	fences := fence.NewRegistry()
-	fences.SetWaitObserver(obs)
-	rt := runtimeapi.NewRuntimeServiceClient(runtimeConn)
-	images := runtimeapi.NewImageServiceClient(imageConn)
-	puller, err := pull.New(pull.Options{Images: images, ContainerdAddress: cfg.EffectiveImageEndpoint(),
-		Logger: log.Named("pull"), Bytes: obs.pulledBytes})
-	if err != nil {
-		return err
-	}
-	defer puller.Close()
-	engine, err := swap.New(swap.Options{
-		Runtime: rt, Images: images,
-		Store: st, Fences: fences, Logger: log.Named("swap"), HealthMinRuntime: cfg.HealthMinRuntime.D(),
-		Observer: obs.swap, Puller: puller,
+	d.onClose(func() { d.puller.Close() })
+	d.engine, err = swap.New(swap.Options{
+		Runtime: d.rt, Images: d.images,
+		Store: d.st, Fences: d.fences, Kubelet: d.view, Logger: d.log.Named("swap"), HealthMinRuntime: d.cfg.HealthMinRuntime.D(),
+		Observer: d.obs.swap, Puller: d.puller,
+		Holder: holder{}, ConnectionHold: d.cfg.ConnectionHold, HoldMax: d.cfg.HoldMax.D(),
+		// The keeper is made just below, from the engine; swaps start only
+		// once both are, when serving.
+		Ready: func() error { return d.keeper.refusal() }, Admission: d.kslot.Admit, OnSwap: d.kslot.Report,
 	})
 	if err != nil {
 		return err
 	}
-	// Unfinished swaps are settled before kubelet is served, so it never
-	// sees a half-done swap from before the crash.
-	recoverSwaps(ctx, engine, log)
+	d.keeper = &stateKeeper{st: d.st, board: d.board, engine: d.engine, log: d.log.Named("state")}
+	d.keeper.start(ctx)
+	resizer, err := newResizer(d.cfg, d.rt, resizeRecorder{d.st, d.obs}, d.fences, d.log.Named("resize"))
+	if err != nil {
+		return err
+	}
+	d.resizer = guardedResizer{r: resizer, k: d.keeper}
+	return nil
+}
 
-	resizer, err := newResizer(cfg, rt, resizeRecorder{st, obs}, fences, log.Named("resize"))
-	if err != nil {
-		return err
-	}
-	kc, err := newKubeController(cfg, engine, rt, st, log.Named("kube"))
-	if err != nil {
-		return err
-	}
-	icOpts := intercept.Options{Store: st, Fences: fences, Logger: log.Named("intercept"),
-		FenceTimeout: cfg.FenceTimeout.D(), Resizer: resizer}
-	if kc != nil {
-		icOpts.StopHolder = kc
-		engine.SetAdmission(kc.Admit)
-		engine.OnSwap(kc.Report)
+// newRelay makes the interceptors and the CRI relay.
+func (d *daemon) newRelay(context.Context) error {
+	icOpts := intercept.Options{Store: d.st, Fences: d.fences, Kubelet: d.view, Logger: d.log.Named("intercept"),
+		FenceTimeout: d.cfg.FenceTimeout.D(), Resizer: d.resizer}
+	if d.cfg.Kubeconfig != "" {
+		icOpts.StopHolder = d.kslot
 	}
 	ics, err := intercept.New(icOpts)
 	if err != nil {
 		return err
 	}
 	opts := []relay.Option{
-		relay.WithImageConn(imageConn),
+		relay.WithImageConn(d.imageConn),
 		relay.WithInterceptors(ics.Table()),
-		relay.WithLogger(log.Named("relay")),
+		relay.WithLogger(d.log.Named("relay")),
+	}
+	if d.cfg.Relay == "grpc" {
+		opts = append(opts, relay.WithGRPCServer())
 	}
 	for m, g := range ics.Gates() {
 		opts = append(opts, relay.WithGate(m, g))
@@ -111,99 +194,122 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) (retErr error)
 	for m, f := range ics.StreamFilters() {
 		opts = append(opts, relay.WithStreamFilter(m, f))
 	}
-	if obs.metrics != nil {
+	if d.obs.metrics != nil {
 		// Every relayed call, passed through or intercepted.
-		opts = append(opts, relay.WithObserver(obs.metrics.Observe))
+		opts = append(opts, relay.WithObserver(d.obs.metrics.Observe))
+		opts = append(opts, relay.WithAbuseObserver(d.obs.metrics.RelayAbuse))
 	}
-	r := relay.New(runtimeConn, opts...)
+	d.relay = relay.New(d.runtimeConn, opts...)
+	return nil
+}
 
-	lis, err := listenUnix(cfg.Listen)
+// newControl makes the control API server.
+func (d *daemon) newControl(context.Context) error {
+	// ps lists what kubelet sees: through inplaced's own CRI socket (the
+	// client dials when first used, once the socket is served).
+	selfConn, err := grpc.NewClient("unix://"+d.cfg.Listen, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
 	}
-	srv := r.NewServer()
-	ctlLis, err := listenUnix(cfg.ControlSocket)
+	d.onClose(func() { selfConn.Close() })
+	o := control.Options{Engine: d.engine, Store: d.st, Resizer: d.resizer, Events: d.obs.hub, Puller: d.puller,
+		KubeletView: runtimeapi.NewRuntimeServiceClient(selfConn),
+		Status:      func() *inplacedv1.StatusResponse { return statusOf(d.board, d.keeper, d.kslot, d.st) }}
+	if d.cfg.Kubeconfig != "" {
+		o.PodChecker = d.kslot
+	}
+	ctlSrv, err := control.New(o)
 	if err != nil {
-		lis.Close()
 		return err
 	}
-	ctl := grpc.NewServer(control.ServerOptions(log.Named("audit"))...)
-	ctlSrv := control.New(engine, st, resizer)
-	ctlSrv.SetEvents(obs.hub)
-	ctlSrv.SetPuller(puller)
-	// ps lists what kubelet sees: through inplaced's own CRI socket.
-	selfConn, err := grpc.NewClient("unix://"+cfg.Listen, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	d.ctl = grpc.NewServer(control.ServerOptions(d.log.Named("audit"))...)
+	ctlSrv.Register(d.ctl)
+	return nil
+}
+
+// serve serves CRI until ctx ends or the CRI server fails, with the control
+// socket, the metrics listener and Kubernetes mode beside it, then shuts
+// down.
+func (d *daemon) serve(ctx context.Context) error {
+	lis, err := listenUnix(d.cfg.Listen)
 	if err != nil {
-		lis.Close()
-		ctlLis.Close()
 		return err
 	}
-	defer selfConn.Close()
-	ctlSrv.SetKubeletView(runtimeapi.NewRuntimeServiceClient(selfConn))
-	if kc != nil {
-		ctlSrv.SetPodChecker(kc)
-	}
-	ctlSrv.Register(ctl)
-	var metricsSrv *http.Server
-	if obs.metrics != nil {
-		mlis, err := net.Listen("tcp", cfg.MetricsListen)
-		if err != nil {
-			lis.Close()
-			ctlLis.Close()
-			return fmt.Errorf("--metrics-listen: %w", err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", obs.metrics.Handler())
-		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			if err := metricsSrv.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics server stopped", zap.Error(err))
-			}
-		}()
-		defer metricsSrv.Close()
-		log.Info("serving metrics", zap.String("metrics_listen", mlis.Addr().String()))
-	}
-	errc := make(chan error, 2)
+	defer lis.Close()
+	srv := d.relay.NewServer()
+	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
-	go func() { errc <- ctl.Serve(ctlLis) }()
-	kubeDone := make(chan struct{})
-	kubeCtx, stopKube := context.WithCancel(ctx)
-	defer func() { stopKube(); <-kubeDone }()
-	go func() {
-		defer close(kubeDone)
-		if kc == nil {
-			return
-		}
-		if err := kc.Run(kubeCtx); err != nil {
-			log.Error("Kubernetes mode stopped: node-local mode only until restart", zap.Error(err))
-		}
-	}()
+	var side sync.WaitGroup
+	sideCtx, stopSide := context.WithCancel(ctx)
+	defer func() { stopSide(); side.Wait() }()
+	d.serveSide(sideCtx, &side)
 
-	log.Info("serving CRI",
-		zap.String("listen", cfg.Listen),
-		zap.String("control_socket", cfg.ControlSocket),
-		zap.String("runtime_endpoint", cfg.RuntimeEndpoint),
-		zap.String("image_endpoint", cfg.EffectiveImageEndpoint()))
-	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
-		log.Warn("sd_notify READY failed", zap.Error(err))
+	d.log.Info("serving CRI",
+		zap.String("listen", d.cfg.Listen),
+		zap.String("control_socket", d.cfg.ControlSocket),
+		zap.String("runtime_endpoint", d.cfg.RuntimeEndpoint),
+		zap.String("image_endpoint", d.cfg.EffectiveImageEndpoint()))
+	if _, err := sddaemon.SdNotify(false, sddaemon.SdNotifyReady); err != nil {
+		d.log.Warn("sd_notify READY failed", zap.Error(err))
 	}
+	side.Go(func() { d.keeper.run(sideCtx) })
 
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
 		return fmt.Errorf("CRI server stopped: %w", err)
 	}
-	log.Info("shutting down", zap.Duration("timeout", cfg.ShutdownTimeout.D()))
-	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
-	gracefulStop(srv, r, cfg.ShutdownTimeout.D())
-	ctl.Stop()
-	waitSwaps(engine, cfg.ShutdownTimeout.D(), log)
-	for range 2 {
-		if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			return err
-		}
+	d.shutDown(srv, stopSide)
+	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
 	}
 	return nil
+}
+
+// serveSide serves the control socket and the metrics listener when they
+// can be (a path or port in use is retried, not fatal), and starts
+// Kubernetes mode once its kubeconfig can be used.
+func (d *daemon) serveSide(ctx context.Context, side *sync.WaitGroup) {
+	cfg, log := d.cfg, d.log
+	side.Go(func() {
+		serveWhenListening(ctx, d.board, health.PartControl, log, func() (net.Listener, error) { return listenUnix(cfg.ControlSocket) },
+			d.ctl.Serve, d.ctl.Stop, fmt.Sprintf("remove what holds %s, or choose another --control-socket", cfg.ControlSocket))
+	})
+	if d.obs.metrics != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", d.obs.metrics.Handler())
+		metricsSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		side.Go(func() {
+			serveWhenListening(ctx, d.board, health.PartMetrics, log, func() (net.Listener, error) {
+				l, err := net.Listen("tcp", cfg.MetricsListen)
+				if err != nil {
+					return nil, fmt.Errorf("--metrics-listen: %w", err)
+				}
+				return l, nil
+			}, metricsSrv.Serve, func() { metricsSrv.Close() }, fmt.Sprintf("free %s or choose another --metrics-listen", cfg.MetricsListen))
+		})
+	}
+	if cfg.Kubeconfig != "" {
+		side.Go(func() {
+			d.kslot.run(ctx, kubeDeps{cfg: cfg, engine: d.engine, view: d.view, rt: d.rt, st: d.st, board: d.board, log: log.Named("kube"),
+				started: func() {
+					// Events of what went wrong before the API server was known.
+					for _, p := range d.board.Problems() {
+						d.rep.event(p)
+					}
+				}})
+		})
+	}
+}
+
+// shutDown stops accepting, drains the CRI server, stops the side servers
+// and gives running swaps the same bound.
+func (d *daemon) shutDown(srv *relay.Server, stopSide func()) {
+	d.log.Info("shutting down", zap.Duration("timeout", d.cfg.ShutdownTimeout.D()))
+	_, _ = sddaemon.SdNotify(false, sddaemon.SdNotifyStopping)
+	gracefulStop(srv, d.relay, d.cfg.ShutdownTimeout.D())
+	stopSide()
+	waitSwaps(d.engine, d.cfg.ShutdownTimeout.D(), d.log)
 }
 
 // newResizer makes the in-place resizer for the control API and kubelet's
@@ -215,34 +321,11 @@ func newResizer(cfg config.Config, rt runtimeapi.RuntimeServiceClient, st resize
 		log.Warn("no cgroup hierarchy: resizes go through the backend only, unverified on the host", zap.String("cgroup_root", cfg.CgroupRoot), zap.Error(err))
 		cg = nil
 	}
-	return resize.New(resize.Options{Runtime: rt, Cgroups: cg, Store: st, Fences: fences,
-		VMRuntimeHandlers: cfg.VMRuntimeHandlers, Logger: log})
-}
-
-// recoverSwaps settles the journal. When the backend is not reachable yet it
-// keeps trying in the background rather than holding kubelet off.
-func recoverSwaps(ctx context.Context, engine *swap.Engine, log *zap.Logger) {
-	try := func() error {
-		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		return engine.Recover(rctx)
+	classes, err := cfg.RuntimeClassTable()
+	if err != nil {
+		return nil, err
 	}
-	if err := try(); err != nil {
-		log.Error("swap recovery failed; retrying in the background", zap.Error(err))
-		go func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(5 * time.Second):
-				}
-				if err := try(); err == nil {
-					log.Info("swap recovery done")
-					return
-				}
-			}
-		}()
-	}
+	return resize.New(resize.Options{Runtime: rt, Cgroups: cg, Store: st, Fences: fences, Classes: classes, Logger: log})
 }
 
 // waitSwaps gives running swaps time to finish; what does not finish is

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -8,6 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/inplaced/inplaced/pkg/health"
 )
 
 // listenUnix creates a root-only unix socket at path: the directory is
@@ -45,4 +51,42 @@ func listenUnix(path string) (net.Listener, error) {
 	}
 	// The socket file is removed by Close (net.UnixListener unlinks on close).
 	return l, nil
+}
+
+// listenRetry is how often a control socket or metrics address that could
+// not be listened on is tried again.
+const listenRetry = 5 * time.Second
+
+// serveWhenListening listens — retrying every listenRetry while it cannot,
+// with the failure on the board — then serves until ctx ends, and stops.
+// It is for inplaced's side doors (control socket, metrics): kubelet's CRI
+// socket never waits on them.
+func serveWhenListening(ctx context.Context, board *health.Board, part health.Part, log *zap.Logger,
+	listen func() (net.Listener, error), serve func(net.Listener) error, stop func(), action string) {
+	var l net.Listener
+	for {
+		var err error
+		if l, err = listen(); err == nil {
+			break
+		}
+		board.Set(health.Problem{Part: part, What: err.Error(), Action: fmt.Sprintf("%s; inplaced tries again every %s", action, listenRetry)})
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(listenRetry):
+		}
+	}
+	board.Clear(part)
+	log.Info("serving "+string(part), zap.String("address", l.Addr().String()))
+	done := make(chan error, 1)
+	go func() { done <- serve(l) }()
+	select {
+	case <-ctx.Done():
+		stop()
+		<-done
+	case err := <-done:
+		if err != nil {
+			log.Error(string(part)+" stopped serving", zap.Error(err))
+		}
+	}
 }

@@ -174,8 +174,15 @@ func (h *Hub) Recovered(swapID string, err error) {
 // Resized reports a resize record (control API or kubelet's
 // UpdateContainerResources).
 func (h *Hub) Resized(rec *inplacedv1.ResizeRecord) {
-	msg := fmt.Sprintf("cpu quota %d/%d, memory %d via %s in %s", rec.To.GetCpuQuota(), rec.To.GetCpuPeriod(),
-		rec.To.GetMemoryLimitBytes(), rec.Method, time.Duration(rec.DurationNs).Round(time.Millisecond))
+	to := rec.To
+	if to == nil {
+		to = rec.Requested // kubelet's resize of a sandbox: kubelet sets the pod cgroup itself
+	}
+	msg := fmt.Sprintf("cpu quota %d/%d, memory %d via %s in %s", to.GetCpuQuota(), to.GetCpuPeriod(),
+		to.GetMemoryLimitBytes(), rec.Method, time.Duration(rec.DurationNs).Round(time.Millisecond))
+	if rec.Enforced != "" {
+		msg += fmt.Sprintf("; enforced %s, by %s; verified: %s", rec.Enforced, rec.EnforcedBy, rec.Verified)
+	}
 	if rec.Error != "" {
 		msg += ": " + rec.Error
 	}

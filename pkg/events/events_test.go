@@ -109,7 +109,8 @@ func TestResizeAndRecovered(t *testing.T) {
 	defer end()
 	h.Resized(&inplacedv1.ResizeRecord{Id: "r1", Namespace: "shop", Pod: "web", Container: "app", ContainerId: "c1",
 		To: &inplacedv1.ResizeValues{CpuQuota: 150000, CpuPeriod: 100000, MemoryLimitBytes: 512 << 20}, Method: "cgroup",
-		Result: "applied", DurationNs: int64(12 * time.Millisecond)})
+		Result: "applied", DurationNs: int64(12 * time.Millisecond),
+		Enforced: "on the host, per container", EnforcedBy: "container cgroup /kubepods/pod1/c1", Verified: "read back from the cgroup files"})
 	h.Resized(&inplacedv1.ResizeRecord{Id: "r2", Namespace: "kube-system", Pod: "dns"})
 	// Recovery events carry no pod: only unfiltered watchers get them.
 	h.Recovered("s9", errors.New("container gone"))
@@ -117,7 +118,8 @@ func TestResizeAndRecovered(t *testing.T) {
 	if len(got) != 1 {
 		t.Fatalf("got %d events, want the shop resize only", len(got))
 	}
-	if l, want := line(got[0]), "resize shop/web/app swap= step= state=applied ctr=c1: cpu quota 150000/100000, memory 536870912 via cgroup in 12ms"; l != want {
+	if l, want := line(got[0]), "resize shop/web/app swap= step= state=applied ctr=c1: cpu quota 150000/100000, memory 536870912 via cgroup in 12ms; "+
+		"enforced on the host, per container, by container cgroup /kubepods/pod1/c1; verified: read back from the cgroup files"; l != want {
 		t.Errorf("resize event\n %s\nwant\n %s", l, want)
 	}
 	if got[0].ResizeId != "r1" {

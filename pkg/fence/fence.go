@@ -72,10 +72,6 @@ type Registry struct {
 	fences map[Key]*Fence
 	byID   map[string]*Fence // old and hidden container IDs → fence
 	obs    WaitObserver
-	// presented: container ID → the hash kubelet is shown (present.go).
-	presented     map[string]*presentation
-	relistWaiters []chan struct{}
-	relists       []time.Time // the last unfiltered ListContainers
 	// lingers: old container ID → its snapshot, after its swap (linger.go).
 	lingers map[string]*lingering
 }
@@ -152,13 +148,13 @@ func (r *Registry) BySandbox(sandboxID string) []*Fence {
 	return out
 }
 
-// Active reports whether any swap is running, any hash is presented or an
-// ended swap's snapshot lingers; interceptors use it to skip all work on
-// the hot path otherwise.
+// Active reports whether any swap is running or an ended swap's snapshot
+// lingers; interceptors use it (with kubeletview's Presenting) to skip all
+// work on the hot path otherwise.
 func (r *Registry) Active() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.fences) > 0 || len(r.presented) > 0 || (len(r.lingers) > 0 && r.lingersLocked(time.Now()))
+	return len(r.fences) > 0 || (len(r.lingers) > 0 && r.lingersLocked(time.Now()))
 }
 
 // Abort cancels the swap with cause.

@@ -63,7 +63,7 @@ func (i *Interceptors) createContainer(ctx context.Context, req *runtimeapi.Crea
 		return nil, err
 	}
 	if err := i.store.PutContainer(resp.ContainerId, req); err != nil {
-		i.log.Error("record container config", zap.String("container_id", resp.ContainerId), zap.Error(err))
+		i.storeFailed("record container config", err, zap.String("container_id", resp.ContainerId))
 	}
 	return resp, nil
 }
@@ -77,7 +77,7 @@ func (i *Interceptors) applyOverride(req *runtimeapi.CreateContainerRequest) *ru
 	o, err := i.store.Override(req.PodSandboxId, name)
 	if err != nil {
 		if !errors.Is(err, store.ErrNotFound) {
-			i.log.Error("read override", zap.Error(err))
+			i.storeFailed("read override", err)
 		}
 		return req
 	}
@@ -111,7 +111,7 @@ func (i *Interceptors) applyOverride(req *runtimeapi.CreateContainerRequest) *ru
 // dropOverride deletes an override and records why in the swap history.
 func (i *Interceptors) dropOverride(o *store.Override, why string) {
 	if err := i.store.DeleteOverride(o.SandboxID, o.Container); err != nil {
-		i.log.Error("drop override", zap.Error(err))
+		i.storeFailed("drop override", err)
 	}
 	now := i.now().UnixNano()
 	i.recordEvent(&inplacedv1.SwapRecord{
@@ -185,7 +185,7 @@ func (i *Interceptors) removeContainer(ctx context.Context, req *runtimeapi.Remo
 		return nil, err
 	}
 	if derr := i.store.DeleteContainer(req.ContainerId); derr != nil {
-		i.log.Error("drop container record", zap.String("container_id", req.ContainerId), zap.Error(derr))
+		i.storeFailed("drop container record", derr, zap.String("container_id", req.ContainerId))
 	}
 	return resp, err
 }

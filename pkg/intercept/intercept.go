@@ -27,6 +27,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/fence"
+	"github.com/inplaced/inplaced/pkg/kubeletview"
 	"github.com/inplaced/inplaced/pkg/relay"
 	"github.com/inplaced/inplaced/pkg/store"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
@@ -44,6 +45,7 @@ type Resizer interface {
 type Interceptors struct {
 	store        *store.Store
 	fences       *fence.Registry
+	kubelet      *kubeletview.View
 	log          *zap.Logger
 	fenceTimeout time.Duration
 	resizer      Resizer
@@ -59,8 +61,11 @@ type Interceptors struct {
 
 // Options configures Interceptors.
 type Options struct {
-	Store        *store.Store
-	Fences       *fence.Registry
+	Store  *store.Store
+	Fences *fence.Registry
+	// Kubelet is told kubelet's relists and inspections, and says which
+	// hash kubelet is shown for a container.
+	Kubelet      *kubeletview.View
 	Logger       *zap.Logger
 	FenceTimeout time.Duration
 	Resizer      Resizer
@@ -71,8 +76,8 @@ type Options struct {
 
 // New returns the interceptors.
 func New(o Options) (*Interceptors, error) {
-	if o.Store == nil || o.Fences == nil {
-		return nil, errors.New("intercept.New: store and fences are required")
+	if o.Store == nil || o.Fences == nil || o.Kubelet == nil {
+		return nil, errors.New("intercept.New: store, fences and the kubelet view are required")
 	}
 	log := o.Logger
 	if log == nil {
@@ -81,7 +86,7 @@ func New(o Options) (*Interceptors, error) {
 	if o.FenceTimeout <= 0 {
 		o.FenceTimeout = 2 * time.Minute
 	}
-	return &Interceptors{store: o.Store, fences: o.Fences, log: log, fenceTimeout: o.FenceTimeout,
+	return &Interceptors{store: o.Store, fences: o.Fences, kubelet: o.Kubelet, log: log, fenceTimeout: o.FenceTimeout,
 		resizer: o.Resizer, holder: o.StopHolder, now: time.Now, handed: map[string]bool{},
 		adoptions: map[fence.Key]*Adoption{}, counts: map[string]int{}}, nil
 }
@@ -110,9 +115,9 @@ func (i *Interceptors) Table() relay.Table {
 // relists without decoding or copying them.
 func (i *Interceptors) Gates() map[string]func() bool {
 	return map[string]func() bool{
-		runtimeapi.RuntimeService_ListContainers_FullMethodName:   i.fences.Active,
-		runtimeapi.RuntimeService_ContainerStatus_FullMethodName:  i.fences.Active,
-		runtimeapi.RuntimeService_PodSandboxStatus_FullMethodName: i.fences.Active,
+		runtimeapi.RuntimeService_ListContainers_FullMethodName:   i.active,
+		runtimeapi.RuntimeService_ContainerStatus_FullMethodName:  i.active,
+		runtimeapi.RuntimeService_PodSandboxStatus_FullMethodName: i.active,
 	}
 }
 
@@ -127,12 +132,16 @@ func (i *Interceptors) StreamFilters() map[string]relay.StreamFilter {
 // path (kubelet relists every second) stays a byte copy.
 func (i *Interceptors) whenSwapping(ic relay.Interceptor) relay.Interceptor {
 	return func(ctx context.Context, req []byte, next relay.Invoker) ([]byte, error) {
-		if !i.fences.Active() {
+		if !i.active() {
 			return next(ctx, req)
 		}
 		return ic(ctx, req, next)
 	}
 }
+
+// active reports whether the read path must be decoded: a swap runs, an
+// ended swap's snapshot lingers, or a hash is presented.
+func (i *Interceptors) active() bool { return i.fences.Active() || i.kubelet.Presenting() }
 
 // Counts returns how many Create/Start/Stop/RemoveContainer calls kubelet
 // made per "sandbox/name/method".
@@ -155,6 +164,18 @@ func (i *Interceptors) count(key string) {
 // recordEvent writes an entry into the swap history (e.g. a dropped override).
 func (i *Interceptors) recordEvent(rec *inplacedv1.SwapRecord) {
 	if err := i.store.PutSwap(rec); err != nil {
-		i.log.Error("record event", zap.Error(err))
+		i.storeFailed("record event", err)
 	}
+}
+
+// storeFailed logs a bookkeeping write or read that failed; kubelet's call
+// goes on regardless. A store that is out of service as a whole was
+// reported once by the daemon (inplacectl status): per call it is debug.
+func (i *Interceptors) storeFailed(what string, err error, fields ...zap.Field) {
+	fields = append(fields, zap.Error(err))
+	if errors.Is(err, store.ErrUnavailable) {
+		i.log.Debug(what, fields...)
+		return
+	}
+	i.log.Error(what, fields...)
 }

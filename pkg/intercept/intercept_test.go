@@ -22,6 +22,7 @@ import (
 
 	"github.com/inplaced/inplaced/pkg/fence"
 	"github.com/inplaced/inplaced/pkg/internal/fakecri"
+	"github.com/inplaced/inplaced/pkg/kubeletview"
 	"github.com/inplaced/inplaced/pkg/relay"
 	"github.com/inplaced/inplaced/pkg/store"
 	"github.com/inplaced/inplaced/pkg/swap"
@@ -62,6 +63,7 @@ type proxy struct {
 	be     *fakecri.Backend
 	st     *store.Store
 	fences *fence.Registry
+	view   *kubeletview.View
 	ics    *Interceptors
 	// rt talks to the relay as kubelet does.
 	rt runtimeapi.RuntimeServiceClient
@@ -78,8 +80,8 @@ func newProxy(t *testing.T) *proxy {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	fences := fence.NewRegistry()
-	ics, err := New(Options{Store: st, Fences: fences, Logger: zaptest.NewLogger(t), FenceTimeout: 5 * time.Second})
+	fences, view := fence.NewRegistry(), kubeletview.New()
+	ics, err := New(Options{Store: st, Fences: fences, Kubelet: view, Logger: zaptest.NewLogger(t), FenceTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +121,7 @@ func newProxy(t *testing.T) *proxy {
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	p := &proxy{be: be, st: st, fences: fences, ics: ics,
+	p := &proxy{be: be, st: st, fences: fences, view: view, ics: ics,
 		rt:         runtimeapi.NewRuntimeServiceClient(dial("unix://" + sock)),
 		rawRelay:   dial("unix://"+sock, grpc.WithDefaultCallOptions(grpc.ForceCodec(raw{}))),
 		rawBackend: dial(be.Endpoint, grpc.WithDefaultCallOptions(grpc.ForceCodec(raw{}))),
@@ -900,8 +902,8 @@ func TestPresentedHash(t *testing.T) {
 		}
 		return out
 	}
-	p.fences.PresentHash(id, "h-old")
-	relist := p.fences.NextRelist()
+	p.view.PresentHash(id, "h-old")
+	relist := p.view.NextRelist()
 	if _, err := p.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: sb}}); err != nil {
 		t.Fatal(err)
 	}
@@ -910,7 +912,7 @@ func TestPresentedHash(t *testing.T) {
 		t.Fatal("a filtered ListContainers counted as kubelet's relist")
 	default:
 	}
-	if !p.fences.Active() {
+	if !p.ics.active() {
 		t.Fatal("a presented hash must open the read interceptors' gate")
 	}
 	if h := hashes(); h[id] != "h-old" || h[other] != "h-side" {
@@ -922,7 +924,7 @@ func TestPresentedHash(t *testing.T) {
 		t.Fatal("an unfiltered ListContainers (kubelet's relist) did not count")
 	}
 	select {
-	case <-p.fences.WhenInspected(id):
+	case <-p.view.WhenInspected(id):
 		t.Fatal("inspected before any ContainerStatus")
 	default:
 	}
@@ -934,12 +936,12 @@ func TestPresentedHash(t *testing.T) {
 		t.Fatalf("ContainerStatus shows hash %q while h-old is presented", got)
 	}
 	select {
-	case <-p.fences.WhenInspected(id):
+	case <-p.view.WhenInspected(id):
 	case <-time.After(time.Second):
 		t.Fatal("ContainerStatus did not mark the container inspected")
 	}
-	p.fences.EndPresent(id)
-	if p.fences.Active() {
+	p.view.EndPresent(id)
+	if p.ics.active() {
 		t.Fatal("gate still open after EndPresent")
 	}
 	if h := hashes(); h[id] != "h-new" {

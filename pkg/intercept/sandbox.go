@@ -21,7 +21,7 @@ func (i *Interceptors) runPodSandbox(ctx context.Context, req *runtimeapi.RunPod
 	if err := i.store.PutSandbox(resp.PodSandboxId, req); err != nil {
 		// The sandbox exists; a swap in it can still adopt its config from
 		// the backend. Do not fail kubelet's call for our bookkeeping.
-		i.log.Error("record sandbox config", zap.String("sandbox_id", resp.PodSandboxId), zap.Error(err))
+		i.storeFailed("record sandbox config", err, zap.String("sandbox_id", resp.PodSandboxId))
 	}
 	return resp, nil
 }
@@ -60,7 +60,7 @@ func (i *Interceptors) stopPodSandbox(ctx context.Context, req *runtimeapi.StopP
 func (i *Interceptors) endOverrides(sandboxID, how string) {
 	all, err := i.store.Overrides()
 	if err != nil {
-		i.log.Error("read overrides", zap.String("sandbox_id", sandboxID), zap.Error(err))
+		i.storeFailed("read overrides", err, zap.String("sandbox_id", sandboxID))
 		return
 	}
 	for _, o := range all {
@@ -83,7 +83,7 @@ func (i *Interceptors) removePodSandbox(ctx context.Context, req *runtimeapi.Rem
 	}
 	i.endOverrides(req.PodSandboxId, "removed")
 	if derr := i.store.DeleteSandbox(req.PodSandboxId); derr != nil {
-		i.log.Error("drop sandbox record", zap.String("sandbox_id", req.PodSandboxId), zap.Error(derr))
+		i.storeFailed("drop sandbox record", derr, zap.String("sandbox_id", req.PodSandboxId))
 	}
 	return resp, err
 }

@@ -79,7 +79,7 @@ func (i *Interceptors) listContainers(ctx context.Context, req *runtimeapi.ListC
 		c.Annotations = i.presentHash(c.Id, c.Annotations)
 	}
 	if f := req.GetFilter(); f == nil || proto.Equal(f, &runtimeapi.ContainerFilter{}) {
-		i.fences.Relisted()
+		i.kubelet.Relisted()
 	}
 	// Views are read after this instant; lingers of swaps released before it
 	// are over once this answer is served (fence.Listed).
@@ -176,7 +176,7 @@ func (i *Interceptors) containerStatus(ctx context.Context, req *runtimeapi.Cont
 	if st := resp.GetStatus(); st != nil {
 		if ann := i.presentHash(req.ContainerId, st.Annotations); !sameHash(ann, st.Annotations) {
 			st.Annotations = ann
-			i.fences.Inspected(req.ContainerId)
+			i.kubelet.Inspected(req.ContainerId)
 		}
 	}
 	if st, ok := i.fences.Lingering(req.ContainerId); ok {
@@ -194,9 +194,9 @@ func (i *Interceptors) containerStatus(ctx context.Context, req *runtimeapi.Cont
 }
 
 // presentHash returns ann with the hash kubelet is to be shown for
-// container id (fence.PresentHash), or ann itself when none is presented.
+// container id (View.PresentHash), or ann itself when none is presented.
 func (i *Interceptors) presentHash(id string, ann map[string]string) map[string]string {
-	h, ok := i.fences.PresentedHash(id)
+	h, ok := i.kubelet.PresentedHash(id)
 	if !ok || ann[swap.AnnotationHash] == h {
 		return ann
 	}
@@ -242,7 +242,7 @@ func (i *Interceptors) podSandboxStatus(ctx context.Context, req *runtimeapi.Pod
 // stopping, the new one being created and started): kubelet's evented PLEG
 // learns the outcome from its next relist, after the mask is off.
 func (i *Interceptors) containerEvent(_ context.Context, msg []byte) bool {
-	if !i.fences.Active() {
+	if !i.active() {
 		return true
 	}
 	ev := &runtimeapi.ContainerEventResponse{}

@@ -204,7 +204,7 @@ func (c *Controller) syncRequest(pod *corev1.Pod) {
 			hooks.SpecHash = specHash
 		}
 	}
-	sub, err := c.engine.StartWithHooks(c.ctx, &inplacedv1.SwapRequest{
+	sub, err := c.engine.Start(c.ctx, &inplacedv1.SwapRequest{
 		Target: &inplacedv1.Target{Namespace: pod.Namespace, Pod: pod.Name, Container: req.Container},
 		Change: change, Options: opts,
 	}, swap.Caller{Description: CallerAnnotation}, hooks)
@@ -369,6 +369,33 @@ func (c *Controller) cannot(pod *corev1.Pod, what string, err error) {
 	}
 }
 
+// NodeEvent writes an event about this node (inplaced's own health). One
+// made before Run has started is written once it has.
+func (c *Controller) NodeEvent(typ, reason, message string) {
+	c.mu.Lock()
+	rec := c.recorder
+	if rec == nil {
+		c.nodeEvents = append(c.nodeEvents, [3]string{typ, reason, message})
+	}
+	c.mu.Unlock()
+	if rec != nil {
+		rec.NodeEventf(c.node, typ, reason, "%s", message)
+	}
+}
+
+// setRecorder makes r the events writer and writes the Node events
+// reported before.
+func (c *Controller) setRecorder(r *eventRecorder) {
+	c.mu.Lock()
+	c.recorder = r
+	early := c.nodeEvents
+	c.nodeEvents = nil
+	c.mu.Unlock()
+	for _, e := range early {
+		r.NodeEventf(c.node, e[0], e[1], "%s", e[2])
+	}
+}
+
 func (c *Controller) event(pod *corev1.Pod, typ, reason, format string, args ...any) {
 	if c.recorder == nil {
 		return
@@ -407,15 +434,23 @@ func (c *Controller) Report(n swap.SwapNews) {
 		c.writeStatus(pod, st)
 		switch st.State {
 		case StateCommitted:
-			c.event(pod, corev1.EventTypeNormal, EventSwapCommitted, "container %s swapped in place (%s → %s, %s), downtime %s",
-				rec.Container, rec.From.GetImage(), rec.To.GetImage(), callerOf(rec), time.Duration(rec.DowntimeNs).Round(time.Millisecond))
+			c.event(pod, corev1.EventTypeNormal, EventSwapCommitted, "container %s swapped in place (%s → %s, %s), downtime %s%s",
+				rec.Container, rec.From.GetImage(), rec.To.GetImage(), callerOf(rec), time.Duration(rec.DowntimeNs).Round(time.Millisecond), holdNote(rec))
 		case StateRolledBack:
 			c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "in-place swap of container %s failed (%s): %s", rec.Container, callerOf(rec), rec.Error)
-			c.event(pod, corev1.EventTypeWarning, EventSwapRolledBack, "container %s rolled back: the old configuration runs again", rec.Container)
+			c.event(pod, corev1.EventTypeWarning, EventSwapRolledBack, "container %s rolled back: the old configuration runs again%s", rec.Container, holdNote(rec))
 		default:
 			c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "in-place swap of container %s ended %s (%s): %s", rec.Container, st.State, callerOf(rec), rec.Error)
 		}
 	}()
+}
+
+// holdNote is the connection hold's part of an event message.
+func holdNote(rec *inplacedv1.SwapRecord) string {
+	if rec.Hold == nil {
+		return ""
+	}
+	return "; connections: " + rec.Hold.Summary()
 }
 
 func callerOf(rec *inplacedv1.SwapRecord) string {

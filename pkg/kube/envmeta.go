@@ -1,26 +1,71 @@
 package kube
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/intercept"
 	"github.com/inplaced/inplaced/pkg/swap"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
-// CallerEnvFromMetadata describes who asked for an env-from-metadata swap.
-const CallerEnvFromMetadata = "pod metadata (" + AnnotationEnvFromMetadata + ")"
+// Who asked for an env-from-metadata swap: the pod's opt-in annotation, or
+// an OpenKruise in-place update.
+const (
+	CallerEnvFromMetadata       = "pod metadata (" + AnnotationEnvFromMetadata + ")"
+	CallerKruiseEnvFromMetadata = "OpenKruise in-place update (env from metadata)"
+)
 
 // metadataFieldRef matches the downward API paths kubelet resolves from
 // one label or annotation (what OpenKruise's InPlaceUpdateEnvFromMetadata
 // covers).
 var metadataFieldRef = regexp.MustCompile(`^metadata\.(labels|annotations)\['(.+)'\]$`)
+
+// OpenKruise's in-place update contract (its apis/apps/pub/inplace_update.go).
+const (
+	// KruiseInPlaceUpdateReady is the readiness gate condition OpenKruise
+	// sets False before an in-place update and True when it is complete.
+	KruiseInPlaceUpdateReady corev1.PodConditionType = "InPlaceUpdateReady"
+	// KruiseInPlaceUpdateState is the annotation with the update's state
+	// (JSON); KruiseInPlaceUpdateStateOld is its older name, still read.
+	KruiseInPlaceUpdateState    = "apps.kruise.io/inplace-update-state"
+	KruiseInPlaceUpdateStateOld = "inplace-update-state"
+)
+
+// kruiseEnvUpdate reports whether OpenKruise is updating the pod in place
+// with env from metadata: its InPlaceUpdateReady condition is False and its
+// update state asks for env from metadata. Then kruise-daemon restarts the
+// containers whose env from metadata differs, by a CRI stop.
+func kruiseEnvUpdate(pod *corev1.Pod) bool {
+	updating := false
+	for _, cond := range pod.Status.Conditions {
+		if cond.Type == KruiseInPlaceUpdateReady {
+			updating = cond.Status == corev1.ConditionFalse
+		}
+	}
+	if !updating {
+		return false
+	}
+	raw, ok := pod.Annotations[KruiseInPlaceUpdateState]
+	if !ok {
+		raw = pod.Annotations[KruiseInPlaceUpdateStateOld]
+	}
+	var state struct {
+		UpdateEnvFromMetadata bool `json:"updateEnvFromMetadata"`
+	}
+	return json.Unmarshal([]byte(raw), &state) == nil && state.UpdateEnvFromMetadata
+}
 
 // metadataEnv is the env a container takes from the pod's labels and
 // annotations, resolved against the pod's current metadata.
@@ -46,70 +91,176 @@ func metadataEnv(pod *corev1.Pod, c *corev1.Container) map[string]string {
 // syncEnvFromMetadata swaps a container in place when a label or annotation
 // its env takes through fieldRef changed: kubelet alone never updates them.
 // The change is applied over the running config, so any override already
-// in force (an earlier env swap) stays.
+// in force (an earlier env swap) stays. Pods opt in with
+// AnnotationEnvFromMetadata, or are being updated in place by OpenKruise
+// with env from metadata (kruiseEnvUpdate), whose own restart of the
+// container this swap replaces.
 func (c *Controller) syncEnvFromMetadata(pod *corev1.Pod, running map[string]*runtimeapi.Container) {
-	if pod.Annotations[AnnotationEnvFromMetadata] != "true" {
+	caller, ok := envMetaCaller(pod)
+	if !ok {
 		return
 	}
 	for i := range pod.Spec.Containers {
 		sc := &pod.Spec.Containers[i]
-		want := metadataEnv(pod, sc)
-		rc := running[sc.Name]
-		if len(want) == 0 || rc == nil {
-			continue
+		if rc := running[sc.Name]; rc != nil {
+			c.startEnvSwap(pod, sc, rc.Id, caller)
 		}
-		req, err := c.store.Container(rc.Id)
-		if err != nil || req.GetConfig() == nil {
-			continue // not created through inplaced: its env is unknown here
-		}
-		have := map[string]string{}
-		for _, kv := range req.Config.Envs {
-			have[kv.Key] = string(kv.Value)
-		}
-		set := map[string]string{}
-		for k, v := range want {
-			if have[k] != v {
-				set[k] = v
-			}
-		}
-		if len(set) == 0 {
-			continue
-		}
-		key := fmt.Sprintf("%s/%s/%s", pod.UID, sc.Name, envDigest(set))
-		c.mu.Lock()
-		seen := c.envSeen[key]
-		c.envSeen[key] = true
-		c.mu.Unlock()
-		if seen {
-			continue // tried these values on this container already
-		}
-		log := c.log.With(zap.String("pod", pod.Namespace+"/"+pod.Name), zap.String("container", sc.Name))
-		sub, err := c.engine.StartWithHooks(c.ctx, &inplacedv1.SwapRequest{
-			Target: &inplacedv1.Target{ContainerId: rc.Id},
-			Change: &inplacedv1.Change{SetEnv: set},
-		}, swap.Caller{Description: CallerEnvFromMetadata}, swap.Hooks{})
-		if err != nil {
-			c.mu.Lock()
-			delete(c.envSeen, key) // the next sync tries again (a swap may have held the container)
-			c.mu.Unlock()
-			log.Warn("env from metadata: swap not started", zap.Error(err))
-			c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "env from metadata for container %s not applied: %v", sc.Name, err)
-			continue
-		}
-		keys := make([]string, 0, len(set))
-		for k := range set {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		log.Info("pod metadata behind the env changed: swapping in place", zap.Strings("env", keys))
-		go drain(sub) // Report writes its events and status
 	}
 }
 
-// drain reads a subscription to its end.
-func drain(sub *swap.Subscription) {
-	for range sub.C {
+// envMetaCaller says whether a pod's env from metadata is swapped in
+// place, and on whose behalf.
+func envMetaCaller(pod *corev1.Pod) (string, bool) {
+	switch {
+	case pod.Annotations[AnnotationEnvFromMetadata] == "true":
+		return CallerEnvFromMetadata, true
+	case kruiseEnvUpdate(pod):
+		return CallerKruiseEnvFromMetadata, true
 	}
+	return "", false
+}
+
+// envSwap is one env-from-metadata swap of a container, for the stops of
+// that container that arrive while it runs or after it is done.
+type envSwap struct {
+	at   time.Time
+	done chan struct{} // closed when the swap ended; committed is set then
+	// committed: the container was replaced with the new env.
+	committed bool
+}
+
+// envSwapKeep bounds how long a finished env swap answers later stops of
+// the container it replaced (kruise-daemon acts on its own watch and may
+// come after the swap).
+const envSwapKeep = 10 * time.Minute
+
+// startEnvSwap starts the swap of container id to the env pod's metadata
+// gives sc, unless that env already runs or was tried; it returns the swap
+// of that container (just started or already running), or nil.
+func (c *Controller) startEnvSwap(pod *corev1.Pod, sc *corev1.Container, id, caller string) *envSwap {
+	c.mu.Lock()
+	s := c.envSwaps[id]
+	c.mu.Unlock()
+	if s != nil {
+		return s
+	}
+	want := metadataEnv(pod, sc)
+	if len(want) == 0 {
+		return nil
+	}
+	req, err := c.store.Container(id)
+	if err != nil || req.GetConfig() == nil {
+		return nil // not created through inplaced: its env is unknown here
+	}
+	have := map[string]string{}
+	for _, kv := range req.Config.Envs {
+		have[kv.Key] = string(kv.Value)
+	}
+	set := map[string]string{}
+	for k, v := range want {
+		if have[k] != v {
+			set[k] = v
+		}
+	}
+	if len(set) == 0 {
+		return nil
+	}
+	key := fmt.Sprintf("%s/%s/%s", pod.UID, sc.Name, envDigest(set))
+	s = &envSwap{at: c.now(), done: make(chan struct{})}
+	c.mu.Lock()
+	if running := c.envSwaps[id]; running != nil || c.envSeen[key] {
+		c.mu.Unlock()
+		return running // nil: tried these values on this container already
+	}
+	if c.envSeen == nil {
+		c.envSeen = map[string]bool{}
+	}
+	if c.envSwaps == nil {
+		c.envSwaps = map[string]*envSwap{}
+	}
+	for k, old := range c.envSwaps {
+		if c.now().Sub(old.at) > envSwapKeep {
+			delete(c.envSwaps, k)
+		}
+	}
+	c.envSeen[key] = true
+	c.envSwaps[id] = s
+	c.mu.Unlock()
+
+	log := c.log.With(zap.String("pod", pod.Namespace+"/"+pod.Name), zap.String("container", sc.Name), zap.String("container_id", id))
+	sub, err := c.engine.Start(c.ctx, &inplacedv1.SwapRequest{
+		Target: &inplacedv1.Target{ContainerId: id},
+		Change: &inplacedv1.Change{SetEnv: set},
+	}, swap.Caller{Description: caller}, swap.Hooks{})
+	if err != nil {
+		c.mu.Lock()
+		delete(c.envSeen, key) // the next sync tries again (a swap may have held the container)
+		delete(c.envSwaps, id)
+		c.mu.Unlock()
+		close(s.done)
+		log.Warn("env from metadata: swap not started", zap.Error(err))
+		c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "env from metadata for container %s not applied: %v", sc.Name, err)
+		return nil
+	}
+	keys := make([]string, 0, len(set))
+	for k := range set {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	log.Info("pod metadata behind the env changed: swapping in place", zap.Strings("env", keys), zap.String("for", caller))
+	go func() {
+		for ev := range sub.C { // Report writes its events and status
+			if rec := ev.GetRecord(); rec != nil {
+				s.committed = rec.GetState() == inplacedv1.SwapState_SWAP_STATE_COMMITTED
+			}
+		}
+		close(s.done)
+	}()
+	return s
+}
+
+// envSwapFor returns the env-from-metadata swap that replaces container
+// id, for a stop of it: the one running or done, or — when OpenKruise is
+// updating the pod's env from metadata and the cached pod asks for env the
+// container lacks — one started now. kruise-daemon's stop of the container
+// is how OpenKruise restarts it for the new env; it may come before the
+// watch delivered kruise's change to inplaced. Only local state is read.
+func (c *Controller) envSwapFor(ctx context.Context, id string) *envSwap {
+	c.mu.Lock()
+	s, lister := c.envSwaps[id], c.lister
+	c.mu.Unlock()
+	if s != nil || lister == nil {
+		return s
+	}
+	pc, _, ok := c.podContainerOf(ctx, id)
+	if !ok {
+		return nil
+	}
+	pod, sc := c.cachedSpec(lister, pc.ns, pc.pod, pc.uid, pc.name)
+	if sc == nil || !kruiseEnvUpdate(pod) {
+		return nil
+	}
+	return c.startEnvSwap(pod, sc, id, CallerKruiseEnvFromMetadata)
+}
+
+// holdForEnvSwap waits for the env swap that replaces the container a stop
+// is for. A committed swap already stopped that container: the stop is
+// answered, and the new container (with the new env) keeps running. A swap
+// that failed lets the stop through: the restart goes the usual way.
+func (c *Controller) holdForEnvSwap(ctx context.Context, id string, s *envSwap) (intercept.StopDecision, error) {
+	log := c.log.With(zap.String("container_id", id))
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+		return intercept.StopDecision{Answered: true}, status.Errorf(codes.DeadlineExceeded,
+			"inplaced: the in-place env swap replacing container %s is still running: %v", id, ctx.Err())
+	}
+	if !s.committed {
+		log.Info("env-from-metadata swap did not commit: the stop goes through")
+		return intercept.StopDecision{}, nil
+	}
+	log.Info("stop of a container an env-from-metadata swap replaced: answered, the new container runs")
+	return intercept.StopDecision{Answered: true}, nil
 }
 
 func envDigest(m map[string]string) string {

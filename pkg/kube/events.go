@@ -78,23 +78,34 @@ func newEventRecorder(events kubeclient.EventInterface, node string, log *zap.Lo
 
 // Eventf queues an event about pod.
 func (r *eventRecorder) Eventf(pod *corev1.Pod, eventType, reason, format string, args ...any) {
+	r.eventf(corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name,
+		UID: pod.UID, ResourceVersion: pod.ResourceVersion}, eventType, reason, format, args...)
+}
+
+// NodeEventf queues an event about node, where kubelet writes its own: in
+// the default namespace, with the node's name as UID.
+func (r *eventRecorder) NodeEventf(node, eventType, reason, format string, args ...any) {
+	r.eventf(corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: node, UID: types.UID(node)},
+		eventType, reason, format, args...)
+}
+
+func (r *eventRecorder) eventf(ref corev1.ObjectReference, eventType, reason, format string, args ...any) {
 	t := metav1.NewTime(r.now())
-	ns := pod.Namespace
+	ns := ref.Namespace
 	if ns == "" {
 		ns = metav1.NamespaceDefault
 	}
 	ev := &corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%v.%x", pod.Name, t.UnixNano()), Namespace: ns},
-		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name,
-			UID: pod.UID, ResourceVersion: pod.ResourceVersion},
-		Reason: reason, Message: fmt.Sprintf(format, args...), Type: eventType,
+		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%v.%x", ref.Name, t.UnixNano()), Namespace: ns},
+		InvolvedObject: ref,
+		Reason:         reason, Message: fmt.Sprintf(format, args...), Type: eventType,
 		FirstTimestamp: t, LastTimestamp: t, Count: 1,
 		Source: r.source, ReportingController: r.source.Component, ReportingInstance: r.source.Host,
 	}
 	select {
 	case r.queue <- ev:
 	default:
-		r.log.Warn("event dropped: the queue to the API server is full", zap.String("pod", ns+"/"+pod.Name),
+		r.log.Warn("event dropped: the queue to the API server is full", zap.String("object", ref.Kind+" "+ns+"/"+ref.Name),
 			zap.String("reason", reason), zap.String("message", ev.Message))
 	}
 }

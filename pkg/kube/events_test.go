@@ -205,3 +205,29 @@ func TestRepeatsRememberedBounded(t *testing.T) {
 		t.Error("the oldest is still remembered")
 	}
 }
+
+// TestNodeEvents: inplaced's own health goes on the Node, where kubelet
+// writes its events (default namespace, the node's name as UID); one
+// reported before Run has started is written once it has.
+func TestNodeEvents(t *testing.T) {
+	f := &fakeEvents{store: map[string]bool{}}
+	c := &Controller{node: "node-1"}
+	c.NodeEvent(corev1.EventTypeWarning, "InplacedDegraded", "state out")
+	if len(c.nodeEvents) != 1 {
+		t.Fatalf("event before Run: %v, want it kept", c.nodeEvents)
+	}
+	r := testRecorder(f)
+	c.setRecorder(r) // as Run does
+	c.NodeEvent(corev1.EventTypeNormal, "InplacedRecovered", "state back")
+	writeQueued(r)
+	if len(f.created) != 2 {
+		t.Fatalf("created %d events, want 2", len(f.created))
+	}
+	for i, want := range []string{"InplacedDegraded", "InplacedRecovered"} {
+		ev := f.created[i]
+		ref := ev.InvolvedObject
+		if ev.Reason != want || ev.Namespace != metav1.NamespaceDefault || ref.Kind != "Node" || ref.Name != "node-1" || ref.UID != "node-1" || ref.Namespace != "" {
+			t.Errorf("event %d: reason %s in %s about %+v", i, ev.Reason, ev.Namespace, ref)
+		}
+	}
+}

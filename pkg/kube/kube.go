@@ -37,6 +37,7 @@ import (
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/credentials"
 	"github.com/inplaced/inplaced/pkg/intercept"
 	"github.com/inplaced/inplaced/pkg/kubeclient"
 	"github.com/inplaced/inplaced/pkg/store"
@@ -59,12 +60,18 @@ type Engine interface {
 	SetHandoff(swapID, handoff string, adopted bool) error
 	RecordEvent(rec *inplacedv1.SwapRecord) error
 	Discard(ctx context.Context, containerID string) error
-	StartWithHooks(ctx context.Context, req *inplacedv1.SwapRequest, caller swap.Caller, h swap.Hooks) (*swap.Subscription, error)
+	Start(ctx context.Context, req *inplacedv1.SwapRequest, caller swap.Caller, h swap.Hooks) (*swap.Subscription, error)
+	SpecWritten(ctx context.Context, rec *inplacedv1.SwapRecord, specHash string, imageOnly bool) error
+}
+
+// Kubelet is what Kubernetes mode reads of kubelet's own view of the node
+// (package kubeletview): the hash it is shown for a container, and when it
+// inspected that container or relisted.
+type Kubelet interface {
 	PresentedHash(containerID string) (string, bool)
 	WhenInspected(containerID string) <-chan struct{}
 	NextRelist() <-chan struct{}
 	FirstRelistAfter(t time.Time) (time.Time, bool)
-	SpecWritten(ctx context.Context, rec *inplacedv1.SwapRecord, specHash string, imageOnly bool) error
 }
 
 // Options configures a Controller.
@@ -73,6 +80,7 @@ type Options struct {
 	Client   kubeclient.Interface
 	NodeName string
 	Engine   Engine
+	Kubelet  Kubelet
 	// Runtime is the backend (not the proxy): what runs on the node.
 	Runtime runtimeapi.RuntimeServiceClient
 	Store   *store.Store
@@ -83,6 +91,9 @@ type Options struct {
 	Resync time.Duration
 	// AffinityDrift is DriftWarn (default) or DriftRefuse.
 	AffinityDrift string
+	// Credentials finds the credentials kubelet would pull with (default:
+	// the node's docker config only).
+	Credentials *credentials.Resolver
 }
 
 // Controller watches this node's pods and holds kubelet's stops for image
@@ -91,10 +102,12 @@ type Controller struct {
 	client        kubeclient.Interface
 	node          string
 	engine        Engine
+	kubelet       Kubelet
 	rt            runtimeapi.RuntimeServiceClient
 	store         *store.Store
 	log           *zap.Logger
 	onPullFailure string
+	creds         *credentials.Resolver
 	resync        time.Duration
 	now           func() time.Time
 
@@ -112,9 +125,13 @@ type Controller struct {
 	requests map[types.UID]string
 	told     map[string]bool
 	envSeen  map[string]bool // pod/container/values digests of env-from-metadata swaps
+	// envSwaps: env-from-metadata swaps by the container they replace.
+	envSwaps map[string]*envSwap
 	// waiters: stops waiting for the watch to deliver a newer pod (watchLag).
 	waiters  map[types.UID][]chan struct{}
 	recorder *eventRecorder
+	// nodeEvents: NodeEvent's before Run (type, reason, message).
+	nodeEvents [][3]string
 }
 
 type containerKey struct {
@@ -134,6 +151,9 @@ type change struct {
 	detectedAt time.Time
 	// pullSecrets are the pod's imagePullSecrets, read again for each pull.
 	pullSecrets []string
+	// creds: what the last credentials lookup covered (set by prepare
+	// before ready closes).
+	creds lookup
 
 	ready chan struct{} // closed when prep is set or prepErr
 	prep  *swap.Prepared
@@ -154,8 +174,8 @@ var (
 
 // New returns a controller; Run starts it.
 func New(o Options) (*Controller, error) {
-	if o.Client == nil || o.Engine == nil || o.Runtime == nil || o.Store == nil || o.NodeName == "" {
-		return nil, errors.New("kube.New: client, engine, runtime, store and node name are required")
+	if o.Client == nil || o.Engine == nil || o.Kubelet == nil || o.Runtime == nil || o.Store == nil || o.NodeName == "" {
+		return nil, errors.New("kube.New: client, engine, kubelet view, runtime, store and node name are required")
 	}
 	switch o.OnPullFailure {
 	case "":
@@ -177,10 +197,13 @@ func New(o Options) (*Controller, error) {
 	if o.Resync <= 0 {
 		o.Resync = 5 * time.Minute
 	}
-	return &Controller{client: o.Client, node: o.NodeName, engine: o.Engine, rt: o.Runtime, store: o.Store,
-		log: o.Logger, onPullFailure: o.OnPullFailure, resync: o.Resync, now: time.Now,
+	if o.Credentials == nil {
+		o.Credentials = newCredentials()
+	}
+	return &Controller{client: o.Client, node: o.NodeName, engine: o.Engine, kubelet: o.Kubelet, rt: o.Runtime, store: o.Store,
+		log: o.Logger, onPullFailure: o.OnPullFailure, creds: o.Credentials, resync: o.Resync, now: time.Now,
 		changes: map[containerKey]*change{}, ctx: context.Background(),
-		seen: map[types.UID]string{}, requests: map[types.UID]string{}, told: map[string]bool{}, envSeen: map[string]bool{}, waiters: map[types.UID][]chan struct{}{}, affinityDrift: o.AffinityDrift}, nil
+		seen: map[types.UID]string{}, requests: map[types.UID]string{}, told: map[string]bool{}, envSeen: map[string]bool{}, envSwaps: map[string]*envSwap{}, waiters: map[types.UID][]chan struct{}{}, affinityDrift: o.AffinityDrift}, nil
 }
 
 func (c *change) cancel(why error) {
@@ -207,8 +230,16 @@ const retryPullAfter = 5 * time.Second
 
 // HoldStop implements intercept.StopHolder.
 func (c *Controller) HoldStop(ctx context.Context, req *runtimeapi.StopContainerRequest) (intercept.StopDecision, error) {
+	if s := c.envSwapFor(ctx, req.ContainerId); s != nil {
+		return c.holdForEnvSwap(ctx, req.ContainerId, s)
+	}
 	ch := c.changeFor(ctx, req.ContainerId)
 	if ch == nil {
+		// detect may have waited for the watch: it can have delivered
+		// OpenKruise's env-from-metadata update meanwhile.
+		if s := c.envSwapFor(ctx, req.ContainerId); s != nil {
+			return c.holdForEnvSwap(ctx, req.ContainerId, s)
+		}
 		return intercept.StopDecision{}, nil // every other stop goes through at once
 	}
 	log := c.log.With(zap.String("container_id", req.ContainerId), zap.String("pod", ch.namespace+"/"+ch.pod),
@@ -309,19 +340,23 @@ func (c *Controller) release(ch *change, log *zap.Logger, why error) (intercept.
 	return intercept.StopDecision{}, nil
 }
 
-// pullFailed answers a held stop whose pull failed.
+// pullFailed answers a held stop whose pull failed (decidePullFailure).
 func (c *Controller) pullFailed(ch *change, prep *swap.Prepared, log *zap.Logger, perr error) (intercept.StopDecision, error) {
-	if c.onPullFailure == PassThrough {
-		log.Warn("pull failed; --on-pull-failure=pass-through: kubelet's stop goes ahead", zap.Error(perr))
+	c.mu.Lock()
+	l := ch.creds
+	c.mu.Unlock()
+	v := decidePullFailure(c.onPullFailure, pullFailureKind(perr), l)
+	log = log.With(zap.String("swap_id", prep.ID()), zap.String("pull_failure", v.kind), zap.String("why", v.why))
+	if v.pass {
+		log.Warn("pull failed: kubelet's stop goes ahead", zap.Error(perr))
 		c.cancelChange(ch, perr)
 		return intercept.StopDecision{}, nil
 	}
-	log.Warn("pull failed: kubelet's stop refused, the old container keeps running", zap.String("swap_id", prep.ID()), zap.Error(perr))
+	log.Warn("pull failed: kubelet's stop refused, the old container keeps running", zap.Error(perr))
 	c.retryLater(ch)
 	return intercept.StopDecision{Answered: true}, status.Errorf(codes.FailedPrecondition,
-		"inplaced: image %s for container %q of pod %s/%s cannot be pulled (%v); the old container keeps running. "+
-			"Fix the image reference or the pod's imagePullSecrets, or set the image back; inplaced pulls again on kubelet's next attempt (swap %s)",
-		ch.image, ch.key.name, ch.namespace, ch.pod, perr, prep.ID())
+		"inplaced: image %s for container %q of pod %s/%s cannot be pulled (%v); the old container keeps running. To do: %s (swap %s)",
+		ch.image, ch.key.name, ch.namespace, ch.pod, perr, v.todo, prep.ID())
 }
 
 // retryLater makes the next held stop of a failed change pull again.
@@ -410,10 +445,11 @@ func (c *Controller) cancelChange(ch *change, why error) {
 // prepare pulls for a change: credentials from the pod's pull secrets, then
 // the engine's Prepare, which pulls in the background.
 func (c *Controller) prepare(ch *change) {
-	auths := c.pullAuths(ch)
-	prep, err := c.engine.Prepare(c.ctx, swap.KubeletChange{ContainerID: ch.oldID, Image: ch.image, Hash: ch.hash, Auths: auths})
+	auths, l := c.pullAuths(ch)
+	prep, err := c.engine.Prepare(c.ctx, swap.KubeletChange{ContainerID: ch.oldID, Image: ch.image, Hash: ch.hash, Auths: auths,
+		ExplainPull: c.explainPull(l)})
 	c.mu.Lock()
-	ch.prep, ch.prepErr = prep, err
+	ch.prep, ch.prepErr, ch.creds = prep, err, l
 	c.mu.Unlock()
 	close(ch.ready)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/kubeclient"
+	"github.com/inplaced/inplaced/pkg/kubeletview"
 	"github.com/inplaced/inplaced/pkg/store"
 	"github.com/inplaced/inplaced/pkg/swap"
 )
@@ -125,7 +126,7 @@ func TestRunOverKubeclient(t *testing.T) {
 	}
 	defer st.Close()
 	eng := &preparing{prepared: make(chan swap.KubeletChange, 4)}
-	c, err := New(Options{Client: client, NodeName: "node-a", Engine: eng, Runtime: runningRuntime{pod: pod}, Store: st})
+	c, err := New(Options{Client: client, NodeName: "node-a", Engine: eng, Kubelet: kubeletview.New(), Runtime: runningRuntime{pod: pod}, Store: st})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ import (
 // the last relist that saw the pod's containers change — so the order is:
 //
 //  1. The swap creates the new container with kubelet's hash for the new
-//     spec, and kubelet is shown the old hash for it (fence.PresentHash).
+//     spec, and kubelet is shown the old hash for it (kubeletview's PresentHash).
 //  2. The swap ends; kubelet's next relist sees the new container, caches
 //     its status with the old hash and syncs the pod against the old spec:
 //     nothing to do. Its status write names the new container: that sync
@@ -82,7 +82,7 @@ func (c *Controller) handOverSpec(pod *corev1.Pod, rec *inplacedv1.SwapRecord, i
 	// status: the presented hash.
 	r0 := c.now()
 	select {
-	case <-c.engine.WhenInspected(rec.RunningContainerId):
+	case <-c.kubelet.WhenInspected(rec.RunningContainerId):
 		r0 = c.now()
 	case <-time.After(kubeletSeesWait):
 		log.Warn("kubelet did not look at the new container in time")
@@ -130,7 +130,7 @@ func (c *Controller) handOverSpec(pod *corev1.Pod, rec *inplacedv1.SwapRecord, i
 func (c *Controller) waitRelistAfter(r0 time.Time, log *zap.Logger) {
 	deadline := r0.Add(plegLate)
 	for {
-		if r1, ok := c.engine.FirstRelistAfter(r0.Add(plegEarly)); ok {
+		if r1, ok := c.kubelet.FirstRelistAfter(r0.Add(plegEarly)); ok {
 			sleepUntil(c.ctx, r1.Add(relistSettle))
 			return
 		}
@@ -141,7 +141,7 @@ func (c *Controller) waitRelistAfter(r0 time.Time, log *zap.Logger) {
 			return
 		}
 		select {
-		case <-c.engine.NextRelist():
+		case <-c.kubelet.NextRelist():
 		case <-time.After(deadline.Sub(now)):
 		case <-c.ctx.Done():
 			return

@@ -21,7 +21,6 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/swap"
-	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
 // secretTimeout bounds reading a pull secret: the pull waits on it, and
@@ -40,8 +39,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	writer.Go(func() { recorder.run(writerCtx) })
 	c.mu.Lock()
 	c.ctx = ctx
-	c.recorder = recorder
 	c.mu.Unlock()
+	c.setRecorder(recorder)
 	// The Node authorizer lets a node list and watch only its pods, and
 	// only with exactly this selector.
 	podSelector := fields.OneTermEqualSelector("spec.nodeName", c.node).String()
@@ -243,12 +242,11 @@ func (c *Controller) detect(ctx context.Context, containerID string) *change {
 	if lister == nil {
 		return nil
 	}
-	labels, annotations := c.containerMeta(ctx, containerID)
-	ns, podName, name := labels[swap.LabelPodNamespace], labels[swap.LabelPodName], labels[swap.LabelContainerName]
-	if ns == "" || podName == "" || name == "" {
+	pc, annotations, ok := c.podContainerOf(ctx, containerID)
+	if !ok {
 		return nil
 	}
-	pod, sc := c.cachedSpec(lister, ns, podName, labels[swap.LabelPodUID], name)
+	pod, sc := c.cachedSpec(lister, pc.ns, pc.pod, pc.uid, pc.name)
 	if sc == nil || c.kubeletHash(containerID, annotations) == "" {
 		return nil // not a pod on the watch, being deleted, or not kubelet's container
 	}
@@ -259,7 +257,7 @@ func (c *Controller) detect(ctx context.Context, containerID string) *change {
 		if !c.awaitNewer(ctx, lister, pod, watchLag) {
 			return nil
 		}
-		if pod, sc = c.cachedSpec(lister, ns, podName, labels[swap.LabelPodUID], name); sc == nil ||
+		if pod, sc = c.cachedSpec(lister, pc.ns, pc.pod, pc.uid, pc.name); sc == nil ||
 			c.declares(containerID, annotations, ContainerHash(sc.Name, sc.Image)) {
 			return nil
 		}
@@ -277,6 +275,19 @@ func (c *Controller) detect(ctx context.Context, containerID string) *change {
 	c.mu.Unlock()
 	go c.prepare(next)
 	return next
+}
+
+// podContainer names the pod container a CRI container is, by kubelet's
+// labels on it.
+type podContainer struct{ ns, pod, uid, name string }
+
+// podContainerOf reads a container's kubelet labels (and its annotations);
+// ok is false when they do not name a pod's container.
+func (c *Controller) podContainerOf(ctx context.Context, id string) (pc podContainer, annotations map[string]string, ok bool) {
+	labels, annotations := c.containerMeta(ctx, id)
+	pc = podContainer{ns: labels[swap.LabelPodNamespace], pod: labels[swap.LabelPodName],
+		uid: labels[swap.LabelPodUID], name: labels[swap.LabelContainerName]}
+	return pc, annotations, pc.ns != "" && pc.pod != "" && pc.name != ""
 }
 
 // watchLag bounds how long a stop of a container whose cached spec declares
@@ -357,7 +368,7 @@ func (c *Controller) dropWaiter(uid types.UID, wake chan struct{}) {
 // kubeletHash is the container hash kubelet sees for a container: its own
 // annotation, unless a spec write after an annotation swap is pending.
 func (c *Controller) kubeletHash(id string, annotations map[string]string) string {
-	if h, ok := c.engine.PresentedHash(id); ok {
+	if h, ok := c.kubelet.PresentedHash(id); ok {
 		return h
 	}
 	return annotations[swap.AnnotationHash]
@@ -381,27 +392,6 @@ func (c *Controller) containerMeta(ctx context.Context, id string) (labels, anno
 		return nil, nil
 	}
 	return st.GetStatus().GetLabels(), st.GetStatus().GetAnnotations()
-}
-
-// pullAuths reads the pod's pull secrets (a node may read the secrets its
-// pods reference) and returns the credentials that apply to the image.
-func (c *Controller) pullAuths(ch *change) []*inplacedv1.RegistryAuth {
-	var secrets []*corev1.Secret
-	for _, name := range ch.pullSecrets {
-		ctx, cancel := context.WithTimeout(c.ctx, secretTimeout)
-		s, err := c.client.Secrets(ch.namespace).Get(ctx, name, metav1.GetOptions{})
-		cancel()
-		if err != nil {
-			c.log.Warn("cannot read pull secret; pulling without it", zap.String("secret", ch.namespace+"/"+name), zap.Error(err))
-			continue
-		}
-		secrets = append(secrets, s)
-	}
-	auths, errs := AuthsFor(ch.image, secrets)
-	for _, err := range errs {
-		c.log.Warn("pull secret unusable", zap.Error(err))
-	}
-	return auths
 }
 
 func (c *Controller) cancelPod(uid types.UID, why error) {

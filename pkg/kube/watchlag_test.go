@@ -14,18 +14,17 @@ import (
 	"k8s.io/client-go/tools/cache"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/kubeletview"
 	"github.com/inplaced/inplaced/pkg/store"
 	"github.com/inplaced/inplaced/pkg/swap"
 )
 
-// preparing is an Engine that records the changes it is asked to prepare
-// and shows kubelet each container's own hash.
+// preparing is an Engine that records the changes it is asked to prepare.
 type preparing struct {
 	Engine
 	prepared chan swap.KubeletChange
 }
 
-func (p *preparing) PresentedHash(string) (string, bool) { return "", false }
 func (p *preparing) Prepare(_ context.Context, c swap.KubeletChange) (*swap.Prepared, error) {
 	p.prepared <- c
 	return nil, errors.New("test: not carried out")
@@ -63,7 +62,7 @@ func newLagEnv(t *testing.T) *lagEnv {
 		t.Fatal(err)
 	}
 	eng := &preparing{prepared: make(chan swap.KubeletChange, 4)}
-	c := &Controller{node: "node-a", engine: eng, store: st, log: zap.NewNop(), now: time.Now,
+	c := &Controller{node: "node-a", engine: eng, kubelet: kubeletview.New(), store: st, log: zap.NewNop(), now: time.Now, creds: newCredentials(),
 		changes: map[containerKey]*change{}, waiters: map[types.UID][]chan struct{}{}, ctx: context.Background(),
 		lister: listersv1.NewPodLister(indexer)}
 	return &lagEnv{c: c, indexer: indexer, pod: pod, id: id, eng: eng}

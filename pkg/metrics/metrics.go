@@ -48,6 +48,12 @@ const (
 	ActiveOverrides   = "inplaced_active_overrides"
 	Recoveries        = "inplaced_journal_recoveries_total"
 	PullBytes         = "inplaced_pull_bytes_total"
+	RelayAbuse        = "inplaced_relay_abuse_total"
+	Degraded          = "inplaced_degraded"
+	JournalSetAside   = "inplaced_journal_entries_set_aside_total"
+	Holds             = "inplaced_swap_holds_total"
+	HoldDuration      = "inplaced_swap_hold_duration_seconds"
+	HoldParked        = "inplaced_swap_hold_parked_connections_total"
 )
 
 // otherMethod is the label of methods this build does not know (a CRI
@@ -72,6 +78,12 @@ type Metrics struct {
 	fenceWait    prometheus.Histogram
 	recoveries   *prometheus.CounterVec
 	pullBytes    prometheus.Counter
+	relayAbuse   *prometheus.CounterVec
+	degraded     *prometheus.GaugeVec
+	setAside     prometheus.Counter
+	holds        *prometheus.CounterVec
+	holdDuration *prometheus.HistogramVec
+	holdParked   prometheus.Counter
 }
 
 type methodMetrics struct {
@@ -138,8 +150,17 @@ func New(version string, overrides OverrideCounter) *Metrics {
 	m.downtime = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "swap_downtime_seconds",
 		Help:    "Time between the old container's stop and the new one running, by swap kind.",
 		Buckets: []float64{.025, .05, .1, .15, .2, .3, .5, 1, 2, 5, 10}}, []string{"kind"})
+	m.holds = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "swap_holds_total",
+		Help: "Connection holds of swaps, by mode used (queue, drop, off) and release reason (listening, limit, aborted, crash-recovered; none when off)."},
+		[]string{"mode", "reason"})
+	m.holdDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "swap_hold_duration_seconds",
+		Help:    "How long new connections were held during swaps, by mode.",
+		Buckets: []float64{.025, .05, .1, .15, .2, .3, .5, 1, 2, 5, 10, 30}}, []string{"mode"})
+	m.holdParked = prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "swap_hold_parked_connections_total",
+		Help: "Connection attempts (SYNs, retransmits included) parked by connection holds and released to the new process."})
 	m.resizes = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "resizes_total",
-		Help: "Resizes, by result (applied, refused, failed) and method (cgroup, backend)."}, []string{"result", "method"})
+		Help: "Resizes, by result (applied, refused, failed), method (cgroup: per-container host cgroups; sandbox: the pod cgroup of a sandbox governed as a whole; backend: the runtime only, not verified on the host) and runtime class (container-cgroups, sandbox-cgroup, vm, unknown)."},
+		[]string{"result", "method", "runtime_class"})
 	m.fenceWaits = prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "fence_waits_total",
 		Help: "kubelet calls that waited for a running swap of their container."})
 	m.fenceWait = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "fence_wait_duration_seconds",
@@ -148,11 +169,20 @@ func New(version string, overrides OverrideCounter) *Metrics {
 		Help: "Swaps left in the journal by a crash and settled at start, by result (ok, failed)."}, []string{"result"})
 	m.pullBytes = prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "pull_bytes_total",
 		Help: "Image bytes written to the backend's content store by pulls inplaced made (prepull, swaps)."})
+	m.relayAbuse = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "relay_abuse_total",
+		Help: "Caller or backend connections the relay ended for hitting one of its limits (rapid_reset, ping_flood, settings_flood, control_queue, continuation_flood)."},
+		[]string{"limit"})
+	m.degraded = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "degraded",
+		Help: "1 while a part of inplaced is out of service (state, kubeconfig, metrics, control-socket): CRI calls pass through meanwhile; inplacectl status says what to do."},
+		[]string{"part"})
+	m.setAside = prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "journal_entries_set_aside_total",
+		Help: "Journal entries that could not be decoded, set aside in the state file and not recovered."})
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: "build_info",
 		Help: "inplaced's version.", ConstLabels: prometheus.Labels{"version": version}})
 	buildInfo.Set(1)
 	m.reg.MustRegister(m.criRequests, m.criDuration, m.swaps, m.swapsRunning, m.steps, m.downtime, m.resizes,
-		m.fenceWaits, m.fenceWait, m.recoveries, m.pullBytes, buildInfo,
+		m.fenceWaits, m.fenceWait, m.recoveries, m.pullBytes, m.relayAbuse, m.degraded, m.setAside,
+		m.holds, m.holdDuration, m.holdParked, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if overrides != nil {
 		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "active_overrides",
@@ -221,6 +251,10 @@ func (m *Metrics) observe(other *methodMetrics, method string, code codes.Code, 
 	mm.counter(code).Inc()
 }
 
+// RelayAbuse counts a connection the relay ended for hitting a limit
+// (relay.WithAbuseObserver).
+func (m *Metrics) RelayAbuse(limit string) { m.relayAbuse.WithLabelValues(limit).Inc() }
+
 // SwapStarted implements swap.Observer.
 func (m *Metrics) SwapStarted(*inplacedv1.SwapRecord) { m.swapsRunning.Inc() }
 
@@ -243,6 +277,17 @@ func (m *Metrics) SwapEnded(rec *inplacedv1.SwapRecord) {
 	if rec.DowntimeNs > 0 {
 		m.downtime.WithLabelValues(rec.Kind).Observe(time.Duration(rec.DowntimeNs).Seconds())
 	}
+	if h := rec.Hold; h != nil {
+		reason := h.Reason
+		if reason == "" {
+			reason = "none"
+		}
+		m.holds.WithLabelValues(h.Mode, reason).Inc()
+		if h.DurationNs > 0 {
+			m.holdDuration.WithLabelValues(h.Mode).Observe(time.Duration(h.DurationNs).Seconds())
+		}
+		m.holdParked.Add(float64(h.Parked))
+	}
 }
 
 // Result is the swaps_total result label of a state.
@@ -264,7 +309,7 @@ func (m *Metrics) Recovered(_ string, err error) {
 
 // Resized counts a resize record.
 func (m *Metrics) Resized(rec *inplacedv1.ResizeRecord) {
-	m.resizes.WithLabelValues(rec.Result, rec.Method).Inc()
+	m.resizes.WithLabelValues(rec.Result, rec.Method, rec.RuntimeClass).Inc()
 }
 
 // WaitStarted implements fence.WaitObserver.
@@ -281,3 +326,15 @@ func (m *Metrics) PulledBytes(n int64) {
 		m.pullBytes.Add(float64(n))
 	}
 }
+
+// SetDegraded sets whether part is out of service.
+func (m *Metrics) SetDegraded(part string, out bool) {
+	v := 0.0
+	if out {
+		v = 1
+	}
+	m.degraded.WithLabelValues(part).Set(v)
+}
+
+// SetAside counts a journal entry set aside.
+func (m *Metrics) SetAside() { m.setAside.Inc() }

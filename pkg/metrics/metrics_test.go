@@ -27,9 +27,10 @@ func TestMetricsCountAndLint(t *testing.T) {
 	m.SwapStarted(&inplacedv1.SwapRecord{})
 	m.StepEnded(nil, &inplacedv1.Step{Name: "pull", DurationNs: 1e6})
 	m.SwapEnded(&inplacedv1.SwapRecord{Kind: "swap", State: inplacedv1.SwapState_SWAP_STATE_COMMITTED, DowntimeNs: 1.5e8})
-	m.Resized(&inplacedv1.ResizeRecord{Result: "applied", Method: "cgroup"})
+	m.Resized(&inplacedv1.ResizeRecord{Result: "applied", Method: "sandbox", RuntimeClass: "sandbox-cgroup"})
 	m.Recovered("x", nil)
 	m.PulledBytes(1000)
+	m.RelayAbuse("rapid_reset")
 
 	for _, c := range []struct {
 		vec    string
@@ -40,7 +41,8 @@ func TestMetricsCountAndLint(t *testing.T) {
 		{"cri_requests_total", []string{"ContainerStatus", "NotFound"}, 1},
 		{"cri_requests_total", []string{"other", "OK"}, 1},
 		{"swaps_total", []string{"swap", "committed"}, 1},
-		{"resizes_total", []string{"applied", "cgroup"}, 1},
+		{"resizes_total", []string{"applied", "sandbox", "sandbox-cgroup"}, 1},
+		{"relay_abuse_total", []string{"rapid_reset"}, 1},
 	} {
 		var got float64
 		switch c.vec {
@@ -50,6 +52,8 @@ func TestMetricsCountAndLint(t *testing.T) {
 			got = testutil.ToFloat64(m.swaps.WithLabelValues(c.labels...))
 		case "resizes_total":
 			got = testutil.ToFloat64(m.resizes.WithLabelValues(c.labels...))
+		case "relay_abuse_total":
+			got = testutil.ToFloat64(m.relayAbuse.WithLabelValues(c.labels...))
 		}
 		if got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.vec, c.labels, got, c.want)

@@ -29,4 +29,49 @@
 //     `next` that forwards it. Unary adapts a typed function
 //     (e.g. *runtimeapi.CreateContainerRequest) to that shape, so only
 //     intercepted methods pay for decoding.
+//
+// # Threat model
+//
+// Who reaches the relay: whoever can connect to inplaced's CRI socket
+// (root, or the socket's group: kubelet, crictl, node agents). Such a caller
+// can already make containerd run anything, so the relay does not defend
+// containerd's contents from it; it defends availability — inplaced's own
+// memory and CPU, containerd's, and the other callers' calls (kubelet's
+// above all) — against a caller that is buggy or hostile at the HTTP/2
+// level. The backends are containerd or CRI-O, trusted, but a backend that
+// stalls must not stall what does not depend on it.
+//
+// What a caller can make inplaced and the backend do, and the bound:
+//
+//   - Open streams: at most maxStreams at once (SETTINGS_MAX_CONCURRENT_STREAMS,
+//     enforced with REFUSED_STREAM); each goes to the backend, within the
+//     backend's own MAX_CONCURRENT_STREAMS (streams beyond it wait, as in
+//     grpc-go's client, and are never sent over it).
+//   - Open and reset streams in a loop (CVE-2023-44487): every reset of a
+//     stream the backend had not answered, and every refused stream, counts;
+//     every answered call takes one off; past rapidResetLimit the connection
+//     ends (GOAWAY ENHANCE_YOUR_CALM). The backend sees at most that many
+//     cancelled calls more than answered ones per connection, and none for
+//     a stream whose RST_STREAM came right behind its HEADERS
+//     (session.resetNext). An attacker that reconnects at once is bounded
+//     per connection only: connections cost it a handshake each.
+//   - Make us acknowledge: more than maxControlFrames PING or SETTINGS frames
+//     between two HEADERS or DATA frames we send it end the connection; so
+//     do more than maxQueuedControlFrames acknowledgements waiting for a
+//     caller that does not read them.
+//   - Header blocks: at most maxHeaderList decoded bytes (x/net's checks)
+//     and maxHeaderFrames frames per block (CONTINUATION floods).
+//   - Memory: data waits in the router only within the windows it granted
+//     (16 MiB a stream, 32 MiB a connection); a request that is not gRPC is
+//     answered by the router and reaches no backend.
+//   - Stop reading: writes never wait under the session's lock (sockWriter);
+//     what a peer does not take waits in its overflow up to maxOverflow,
+//     then the session stops reading until it drains or the write deadline
+//     (30 s) ends the connection. Other sessions are never affected: each
+//     caller connection has its own state, lock and backend connections.
+//
+// Each limit that ends a connection is logged (warn) and counted by the
+// abuse observer (the metric inplaced_relay_abuse_total{limit}). Protocol
+// errors end the connection with the HTTP/2 error code (GOAWAY) or, where
+// RFC 9113 makes them stream errors, the stream (RST_STREAM).
 package relay

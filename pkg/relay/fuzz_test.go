@@ -70,6 +70,12 @@ func (f *frames) raw(typ http2.FrameType, flags http2.Flags, id uint32, payload 
 // returns the GOAWAY code the relay sent, if any, and fails on a hang.
 func exchange(t testing.TB, sock string, in []byte) (goaway *http2.ErrCode) {
 	t.Helper()
+	return exchangeFrames(t, sock, in, nil)
+}
+
+// exchangeFrames is exchange, showing each frame the relay sent to seen.
+func exchangeFrames(t testing.TB, sock string, in []byte, seen func(http2.Frame)) (goaway *http2.ErrCode) {
+	t.Helper()
 	c, err := net.Dial("unix", sock)
 	if err != nil {
 		t.Fatal(err)
@@ -101,6 +107,9 @@ func exchange(t testing.TB, sock string, in []byte) (goaway *http2.ErrCode) {
 		if g, ok := f.(*http2.GoAwayFrame); ok {
 			code := g.ErrCode
 			goaway = &code
+		}
+		if seen != nil {
+			seen(f)
 		}
 	}
 	<-done // a write cut short by the relay's close is fine
@@ -157,12 +166,66 @@ func fuzzSeeds() map[string][]byte {
 		"reset then data":                   ok().request(1, v, false).raw(http2.FrameRSTStream, 0, 1, []byte{0, 0, 0, 8}).message(1, nil, true).Bytes(),
 		"window shrink to zero":             newFrames().raw(http2.FrameSettings, 0, 0, []byte{0, 4, 0, 0, 0, 0}).request(1, v, false).message(1, nil, true).Bytes(),
 		"unknown frame type":                ok().raw(0xee, 0, 1, []byte("whatever")).request(1, v, true).Bytes(),
+		"RST_STREAM on idle stream":         ok().raw(http2.FrameRSTStream, 0, 7, []byte{0, 0, 0, 8}).Bytes(),
+		"stream depends on itself":          ok().raw(http2.FramePriority, 0, 1, []byte{0, 0, 0, 1, 16}).Bytes(),
+		"DATA on a closed stream":           ok().request(1, v, true).raw(http2.FrameRSTStream, 0, 1, []byte{0, 0, 0, 8}).message(1, nil, true).Bytes(),
+		"content-length mismatch":           ok().raw(http2.FrameHeaders, http2.FlagHeadersEndHeaders, 1, newFrames().block(":method", "POST", ":scheme", "http", ":path", v, "content-type", "application/grpc", "content-length", "3")).message(1, []byte("x"), true).Bytes(),
+		"connection header in a request":    ok().raw(http2.FrameHeaders, http2.FlagHeadersEndHeaders|http2.FlagHeadersEndStream, 1, newFrames().block(":method", "POST", ":scheme", "http", ":path", v, "connection", "close")).Bytes(),
+		"second HEADERS without END_STREAM": ok().request(1, v, false).message(1, nil, false).trailers(1, false, "x-test", "ok").Bytes(),
+		"pseudo-header in trailers":         ok().request(1, v, false).message(1, nil, false).trailers(1, true, ":path", "/x").Bytes(),
+		"not a gRPC request":                ok().raw(http2.FrameHeaders, http2.FlagHeadersEndHeaders|http2.FlagHeadersEndStream, 1, newFrames().block(":method", "GET", ":scheme", "http", ":path", "/", ":authority", "x")).Bytes(),
+		"rapid reset":                       rapidReset(ok(), rapidResetLimit+1).Bytes(),
+		"ping flood":                        repeat(ok(), maxControlFrames+1, func(f *frames) { f.raw(http2.FramePing, 0, 0, make([]byte, 8)) }).Bytes(),
+		"settings flood":                    repeat(ok(), maxControlFrames+1, func(f *frames) { f.raw(http2.FrameSettings, 0, 0, nil) }).Bytes(),
+		"continuation flood":                continuationFlood(ok(), v).Bytes(),
+		"streams over the limit":            overLimit(newFrames().raw(http2.FrameSettings, 0, 0, []byte{0, 4, 0, 0, 0, 0}), v).Bytes(),
 	}
+}
+
+// trailers sends a header block of fields on stream id.
+func (f *frames) trailers(id uint32, end bool, fields ...string) *frames {
+	_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, EndHeaders: true, EndStream: end, BlockFragment: f.block(fields...)})
+	return f
+}
+
+func repeat(f *frames, n int, do func(*frames)) *frames {
+	for range n {
+		do(f)
+	}
+	return f
+}
+
+// rapidReset opens and resets n streams (CVE-2023-44487).
+func rapidReset(f *frames, n int) *frames {
+	id := uint32(1)
+	return repeat(f, n, func(f *frames) {
+		f.request(id, runtimeapi.RuntimeService_Version_FullMethodName, false).raw(http2.FrameRSTStream, 0, id, []byte{0, 0, 0, 8})
+		id += 2
+	})
+}
+
+// continuationFlood is a header block of more than maxHeaderFrames empty
+// CONTINUATIONs.
+func continuationFlood(f *frames, method string) *frames {
+	blk := f.block(":method", "POST", ":scheme", "http", ":path", method, ":authority", "x", "content-type", "application/grpc")
+	_ = f.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: blk})
+	return repeat(f, maxHeaderFrames, func(f *frames) { _ = f.fr.WriteContinuation(1, false, nil) })
+}
+
+// overLimit opens one call more than maxStreams; with the caller's
+// initial window at 0 (its SETTINGS, before) none of the answers can end.
+func overLimit(f *frames, method string) *frames {
+	id := uint32(1)
+	return repeat(f, maxStreams+1, func(f *frames) {
+		f.request(id, method, false).message(id, nil, true)
+		id += 2
+	})
 }
 
 // TestProtocolErrors runs the seed corpus: each broken input ends with a
 // GOAWAY carrying the error the relay found, and the connection closed.
 func TestProtocolErrors(t *testing.T) {
+	routerOnly(t, "the router's own frame handling and error codes; grpc-go's server has its own")
 	s := start(t, nil)
 	sock := s.client.Target()[len("unix://"):]
 	want := map[string]http2.ErrCode{
@@ -177,11 +240,15 @@ func TestProtocolErrors(t *testing.T) {
 		"oversize header list":              http2.ErrCodeCompression, // one string above the limit: hpack refuses it
 		"oversize header list, many fields": http2.ErrCodeProtocol,
 		"connection window overflow":        http2.ErrCodeFlowControl,
-		"stream window overflow":            http2.ErrCodeFlowControl,
 		"zero window increment":             http2.ErrCodeProtocol,
 		"bad initial window setting":        http2.ErrCodeFlowControl,
 		"settings of odd length":            http2.ErrCodeFrameSize,
 		"push promise from a client":        http2.ErrCodeProtocol,
+		"RST_STREAM on idle stream":         http2.ErrCodeProtocol,
+		"rapid reset":                       http2.ErrCodeEnhanceYourCalm,
+		"ping flood":                        http2.ErrCodeEnhanceYourCalm,
+		"settings flood":                    http2.ErrCodeEnhanceYourCalm,
+		"continuation flood":                http2.ErrCodeEnhanceYourCalm,
 	}
 	for name, in := range fuzzSeeds() {
 		t0 := time.Now()
@@ -208,6 +275,7 @@ func TestProtocolErrors(t *testing.T) {
 // the backend is not reading gets FLOW_CONTROL_ERROR; what the relay held
 // for the backend meanwhile was bounded by that window.
 func TestWindowAbuse(t *testing.T) {
+	routerOnly(t, "the router's own frame handling and error codes; grpc-go's server has its own")
 	dir := t.TempDir()
 	beSock := filepath.Join(dir, "stuck.sock")
 	beLis, err := net.Listen("unix", beSock)
@@ -234,7 +302,7 @@ func TestWindowAbuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := New(conn).NewServer()
+	srv := New(conn, modeOpts()...).NewServer()
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
 	f := newFrames().raw(http2.FrameSettings, 0, 0, nil).request(1, runtimeapi.RuntimeService_Version_FullMethodName, false)
@@ -272,6 +340,7 @@ func FuzzRouter(f *testing.F) {
 // the last flush. (CI under load: a 16 MiB header took 31 s to arrive and
 // the GOAWAY was lost to the 30 s deadline of the SETTINGS flush.)
 func TestGoAwayAfterAQuietSpell(t *testing.T) {
+	routerOnly(t, "the router's own frame handling and error codes; grpc-go's server has its own")
 	const quick = 300 * time.Millisecond
 	s := start(t, nil, func(r *Relay) { r.ioTimeout = quick })
 	sock := s.client.Target()[len("unix://"):]

@@ -19,14 +19,16 @@ import (
 // docs/architecture.md). The checks are the Framer's: the same limits, the
 // same field validation, the same connection errors.
 type headerBlock struct {
-	dec    *hpack.Decoder
-	stream uint32              // the stream whose block is being read; 0 between blocks
-	end    bool                // the HEADERS frame carried END_STREAM
-	fields []hpack.HeaderField // valid until the next block starts
-	size   uint32              // the decoded list's size so far (RFC 7541 §4.1)
-	pseudo uint8               // pseudo-header fields seen, by pseudoBit
-	sawReg bool                // a regular field was seen
-	err    error               // the first invalid field
+	dec     *hpack.Decoder
+	stream  uint32              // the stream whose block is being read; 0 between blocks
+	frames  int                 // frames of the block so far (maxHeaderFrames)
+	selfDep bool                // the HEADERS frame made the stream depend on itself
+	end     bool                // the HEADERS frame carried END_STREAM
+	fields  []hpack.HeaderField // valid until the next block starts
+	size    uint32              // the decoded list's size so far (RFC 7541 §4.1)
+	pseudo  uint8               // pseudo-header fields seen, by pseudoBit
+	sawReg  bool                // a regular field was seen
+	err     error               // the first invalid field
 }
 
 func newHeaderBlock() *headerBlock {
@@ -39,7 +41,8 @@ func newHeaderBlock() *headerBlock {
 // begin starts a block from a HEADERS frame.
 func (h *headerBlock) begin(f *http2.HeadersFrame) {
 	h.stream, h.end = f.StreamID, f.StreamEnded()
-	h.fields, h.size, h.pseudo, h.sawReg, h.err = h.fields[:0], 0, 0, false, nil
+	h.selfDep = f.HasPriority() && f.Priority.StreamDep == f.StreamID
+	h.fields, h.size, h.pseudo, h.sawReg, h.err, h.frames = h.fields[:0], 0, 0, false, nil, 0
 	h.dec.SetEmitEnabled(true)
 }
 

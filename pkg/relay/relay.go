@@ -49,6 +49,8 @@ type Relay struct {
 	log     *zap.Logger
 	debug   bool // the log wants every call, with the IDs decoded from it
 	observe Observer
+	abuse   AbuseObserver
+	grpcAll bool // every call through grpc-go's server and client (WithGRPCServer)
 	// ioTimeout bounds a write to a peer that does not read, and the
 	// caller's preface (the const ioTimeout; tests shorten it).
 	ioTimeout time.Duration
@@ -62,6 +64,13 @@ type Option func(*Relay)
 
 // WithLogger sets the logger; the default is a no-op logger.
 func WithLogger(l *zap.Logger) Option { return func(r *Relay) { r.log = l } }
+
+// WithGRPCServer serves every call with grpc-go's server and client, as
+// the intercepted methods are served, instead of the HTTP/2 router: the
+// fallback should the router misbehave with a caller or a backend
+// (config relay: grpc). It costs 3-5x the router's CPU per call
+// (docs/architecture.md).
+func WithGRPCServer() Option { return func(r *Relay) { r.grpcAll = true } }
 
 // WithImageConn routes ImageService calls to a separate backend.
 func WithImageConn(c *grpc.ClientConn) Option { return func(r *Relay) { r.image = c } }

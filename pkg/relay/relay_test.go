@@ -100,7 +100,7 @@ func start(t testing.TB, table Table, opts ...Option) *setup {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	r := New(conn, append([]Option{WithInterceptors(table)}, opts...)...)
+	r := New(conn, append(append(modeOpts(), WithInterceptors(table)), opts...)...)
 	pxSock := filepath.Join(dir, "px.sock")
 	pxLis, err := net.Listen("unix", pxSock)
 	if err != nil {

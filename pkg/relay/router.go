@@ -20,6 +20,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // The HTTP/2 router: the caller-facing side of the relay.
@@ -68,6 +69,14 @@ type Observer func(method string, code codes.Code, elapsed time.Duration)
 
 // WithObserver installs an observer for every relayed call.
 func WithObserver(o Observer) Option { return func(r *Relay) { r.observe = o } }
+
+// observeStream is the observer as a grpc-go interceptor (WithGRPCServer).
+func (r *Relay) observeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	start := time.Now()
+	err := handler(srv, ss)
+	r.observe(info.FullMethod, status.Code(err), time.Since(start))
+	return err
+}
 
 // route is what the router needs to know of a method when a stream of it
 // opens, gathered from the relay's options once (Relay.makeRoutes).
@@ -124,7 +133,16 @@ type Server struct {
 // NewServer returns a server for r. Serve it on a listener; stop it with
 // GracefulStop (after Drain) or Stop.
 func (r *Relay) NewServer() *Server {
-	s := &Server{r: r, inner: grpc.NewServer(r.ServerOptions()...), innerL: newConnListener(),
+	opts := r.ServerOptions()
+	if r.grpcAll {
+		// The callers' connections are the inner server's own: it enforces
+		// the stream limit we advertise, and the observer sees each call.
+		opts = append(opts, grpc.MaxConcurrentStreams(maxStreams))
+		if r.observe != nil {
+			opts = append(opts, grpc.ChainStreamInterceptor(r.observeStream))
+		}
+	}
+	s := &Server{r: r, inner: grpc.NewServer(opts...), innerL: newConnListener(),
 		listeners: map[net.Listener]bool{}, sessions: map[*session]bool{}, done: make(chan struct{})}
 	go func() { _ = s.inner.Serve(s.innerL) }() // returns when inner stops
 	go func() {
@@ -141,6 +159,9 @@ func (r *Relay) NewServer() *Server {
 // returns grpc.ErrServerStopped when it was stopped before it began, nil
 // when stopped while serving, and the listener's error otherwise.
 func (s *Server) Serve(lis net.Listener) error {
+	if s.r.grpcAll {
+		return s.inner.Serve(lis)
+	}
 	s.mu.Lock()
 	if s.stopping {
 		s.mu.Unlock()
@@ -264,6 +285,7 @@ const (
 type peer struct {
 	kind int
 	conn net.Conn
+	w    *sockWriter
 	br   *bufio.Reader
 	bw   *bufio.Writer
 	fr   *http2.Framer
@@ -280,6 +302,19 @@ type peer struct {
 	goaway     bool // upstream: it sent GOAWAY; no new streams on it
 	dead       bool
 	dirty      bool
+
+	// Upstream: the peer's SETTINGS_MAX_CONCURRENT_STREAMS (unlimited until
+	// its SETTINGS say otherwise, RFC 9113's initial value: holding streams
+	// until the first SETTINGS stalled calls under load, not understood
+	// yet) and
+	// SETTINGS_MAX_HEADER_LIST_SIZE (0: none said). Streams beyond the
+	// limit wait, in order, as they do in grpc-go's client.
+	maxStreams    uint32
+	maxHeaderList uint32
+	waiting       []*stream
+
+	// Abuse accounting (see the limits in doc.go).
+	ctrl int // PING and SETTINGS received since we last sent HEADERS or DATA
 }
 
 // stream is one call: the caller's stream and the stream it was given on an
@@ -298,6 +333,9 @@ type stream struct {
 	unacked [2]int64
 	msgs    [2]msgScanner // gRPC message lengths from that side
 	resp    bool          // response headers sent to the caller
+	waiting bool          // queued for its upstream's MAX_CONCURRENT_STREAMS: no upstream ID yet
+	local   bool          // answered by the router itself: nothing goes upstream
+	clen    int64         // the request's content-length still to come; -1: none
 	rstDown bool          // the backend reset the stream with NO_ERROR: pass it on after q[sideDown]
 	code    codes.Code
 	removed bool
@@ -322,6 +360,7 @@ type session struct {
 	retired   []*peer            // upstream connections no new stream uses, still carrying streams
 	streams   map[uint32]*stream // by the caller's stream ID
 	lastID    uint32             // the caller's highest stream ID
+	resets    int                // caller resets and refusals of unanswered streams, less answered streams (rapidResetLimit)
 	goingAway bool
 	started   bool // our SETTINGS went out: GOAWAY may follow
 	closed    bool
@@ -337,13 +376,15 @@ func newSession(srv *Server, c net.Conn) *session {
 // newPeer wraps c; each write to it is bounded by writeTimeout.
 func newPeer(kind int, c net.Conn, writeTimeout time.Duration) *peer {
 	rw := newRawIO(c)
-	// Every write gets its own deadline, whether a flush or a frame that
-	// overflows the buffer makes it: a deadline set at the last flush is
-	// long past after a quiet spell, and a large frame written then failed
-	// at once (found at kubelet's pace, TestCallAfterAQuietSpell).
-	w := &deadlineWriter{conn: c, w: rw, timeout: writeTimeout}
-	p := &peer{kind: kind, conn: c, br: bufio.NewReaderSize(rw, 32<<10), bw: bufio.NewWriterSize(w, 32<<10),
-		sendConn: 65535, initWindow: 65535, maxFrame: frameSize, recvConn: connWindow, nextID: 1, streams: map[uint32]*stream{}}
+	// Writes never wait under the session's lock (sockWriter); what the
+	// socket does not take at once is written by a goroutine with a
+	// deadline per write: a deadline set at the last flush is long past
+	// after a quiet spell, and a large frame written then failed at once
+	// (found at kubelet's pace, TestCallAfterAQuietSpell).
+	w := newSockWriter(c, writeTimeout)
+	p := &peer{kind: kind, conn: c, w: w, br: bufio.NewReaderSize(rw, 32<<10), bw: bufio.NewWriterSize(w, 32<<10),
+		sendConn: 65535, initWindow: 65535, maxFrame: frameSize, recvConn: connWindow, nextID: 1, streams: map[uint32]*stream{},
+		maxStreams: 1<<32 - 1}
 	p.fr = http2.NewFramer(p.bw, p.br)
 	p.fr.SetMaxReadFrameSize(frameSize)
 	p.fr.SetReuseFrames() // DATA frames: handled, or copied, before the next read
@@ -402,11 +443,47 @@ func (s *session) read(p *peer) {
 			s.mu.Unlock()
 			return
 		}
+		var full *sockWriter
 		if p.br.Buffered() == 0 {
 			s.flush()
+			full = s.overflowing(p)
 		}
 		s.mu.Unlock()
+		if full != nil {
+			// A peer is not taking what we write: stop reading until it
+			// does (or its write deadline ends it), so that what waits for
+			// it stays bounded and the backpressure reaches our sender.
+			full.wait(maxOverflow, s.r.ioTimeout)
+		}
 	}
+}
+
+// overflowing is a peer that p's frames are forwarded to (the backends for
+// the caller, the caller for a backend) whose writes wait beyond
+// maxOverflow, if any: one atomic load per peer and flush. A reader never
+// waits for its own peer's overflow, as a byte relay's direction never waits
+// for the other: a backend that stops reading while its answers to us
+// block (grpc-go's reader throttles behind its writer) drains only if we
+// keep reading it, so waiting on it would deadlock both until the write
+// deadline (TestLargeMessagesBothWays, -count=30).
+func (s *session) overflowing(p *peer) *sockWriter {
+	if p != s.down {
+		if s.down.w.queued.Load() > maxOverflow {
+			return s.down.w
+		}
+		return nil
+	}
+	for _, u := range s.ups {
+		if u != nil && u.w.queued.Load() > maxOverflow {
+			return u.w
+		}
+	}
+	for _, u := range s.retired {
+		if u.w.queued.Load() > maxOverflow {
+			return u.w
+		}
+	}
+	return nil
 }
 
 // connErr is a connection error of ours: the peer broke the protocol.
@@ -457,6 +534,9 @@ func (s *session) fail(p *peer, err error) {
 		}
 		_ = p.fr.WriteGoAway(last, code, nil)
 		_ = p.bw.Flush()
+		if code == http2.ErrCodeEnhanceYourCalm && p.w.stalled.Load() {
+			p.conn.Close() // an abuser that does not read: no waiting for it
+		}
 	}
 	if p.kind == down {
 		s.r.log.Debug("caller connection closed", zap.Error(err))
@@ -471,10 +551,14 @@ func (s *session) fail(p *peer, err error) {
 // its connection breaks, and forgets p.
 func (s *session) upFailed(p *peer, msg string) {
 	p.dead = true
-	p.conn.Close()
+	p.w.close()
 	for _, st := range p.streams {
 		s.failStream(st, codes.Unavailable, msg)
 	}
+	for _, st := range p.waiting {
+		s.failStream(st, codes.Unavailable, msg)
+	}
+	p.waiting = nil
 	if s.ups[p.kind] == p {
 		s.ups[p.kind] = nil
 	}
@@ -492,17 +576,17 @@ func (s *session) closeLocked() {
 	}
 	s.closed = true
 	s.down.dead = true
-	s.down.conn.Close()
+	s.down.w.close()
 	for _, p := range s.ups {
 		if p != nil {
 			p.dead = true
-			p.conn.Close()
+			p.w.close()
 		}
 	}
 	for _, st := range s.streams {
 		if st.up != nil && !st.up.dead {
 			st.up.dead = true
-			st.up.conn.Close()
+			st.up.w.close()
 		}
 		s.remove(st, codes.Canceled)
 	}
@@ -578,20 +662,32 @@ func (s *session) handle(p *peer, f http2.Frame) error {
 	case *http2.DataFrame:
 		return s.data(p, f)
 	case *http2.RSTStreamFrame:
-		s.reset(p, f)
+		return s.reset(p, f)
 	case *http2.SettingsFrame:
 		if f.IsAck() {
 			return nil
 		}
-		if err := s.settings(p, f); err != nil {
+		if err := s.controlFrame(p, limitSettingsFlood); err != nil {
 			return err
 		}
+		grew, err := s.settings(p, f)
+		if err != nil {
+			return err
+		}
+		// Acknowledged before what the change lets us send, as x/net's
+		// write scheduler orders them (control frames first).
 		_ = p.fr.WriteSettingsAck()
 		p.dirty = true
+		if grew {
+			s.flushPeer(p)
+		}
 	case *http2.WindowUpdateFrame:
 		return s.windowUpdate(p, f)
 	case *http2.PingFrame:
 		if !f.IsAck() {
+			if err := s.controlFrame(p, limitPingFlood); err != nil {
+				return err
+			}
 			_ = p.fr.WritePing(true, f.Data)
 			p.dirty = true
 		}
@@ -609,10 +705,24 @@ func (s *session) handle(p *peer, f http2.Frame) error {
 				s.resetBoth(st, http2.ErrCodeRefusedStream, codes.Unavailable)
 			}
 		}
+		for _, st := range p.waiting { // never sent: the same
+			s.resetBoth(st, http2.ErrCodeRefusedStream, codes.Unavailable)
+		}
+		p.waiting = nil
 		s.retire(p)
 	case *http2.PushPromiseFrame:
 		return protoErr("PUSH_PROMISE") // disabled on upstream connections, illegal from a client
-	case *http2.PriorityFrame, *http2.UnknownFrame:
+	case *http2.PriorityFrame:
+		if f.StreamDep == f.StreamID && p.kind == down { // RFC 9113 §5.3.1: a stream error
+			if st := s.streams[f.StreamID]; st != nil {
+				s.resetBoth(st, http2.ErrCodeProtocol, codes.Internal)
+				return nil
+			}
+			_ = p.fr.WriteRSTStream(f.StreamID, http2.ErrCodeProtocol)
+			p.dirty = true
+			return s.controlFrame(p, limitClosedStreamFlood)
+		}
+	case *http2.UnknownFrame:
 	}
 	return nil
 }
@@ -622,11 +732,14 @@ func (s *session) handle(p *peer, f http2.Frame) error {
 func (s *session) headerFragment(p *peer, frag []byte, last bool) error {
 	h := p.hdr
 	id := h.stream
+	if h.frames++; h.frames > maxHeaderFrames {
+		return s.abuse(p, limitContinuationFlood)
+	}
 	if done, err := h.write(frag, last); !done {
 		return err
 	}
 	if p.kind == down {
-		return s.callerHeaders(id, h.fields, h.end)
+		return s.callerHeaders(id, h)
 	}
 	st := p.streams[id]
 	if st == nil {
@@ -645,10 +758,17 @@ func (s *session) headerFragment(p *peer, frag []byte, last bool) error {
 }
 
 // callerHeaders opens a stream or carries the caller's trailers.
-func (s *session) callerHeaders(id uint32, fields []hpack.HeaderField, end bool) error {
+func (s *session) callerHeaders(id uint32, h *headerBlock) error {
+	fields, end := h.fields, h.end
 	if st := s.streams[id]; st != nil {
 		if st.gotEnd[sideDown] {
 			return connErr{http2.ErrCodeStreamClosed, fmt.Sprintf("HEADERS after END_STREAM on stream %d", id)}
+		}
+		if !end || h.pseudo != 0 {
+			// Trailers end the stream and carry no pseudo-header field
+			// (RFC 9113 §8.1, §8.3): a malformed request, a stream error.
+			s.resetBoth(st, http2.ErrCodeProtocol, codes.Internal)
+			return nil
 		}
 		st.gotEnd[sideDown] = end
 		s.send(st, sideDown, item{headers: fields, end: end})
@@ -660,14 +780,32 @@ func (s *session) callerHeaders(id uint32, fields []hpack.HeaderField, end bool)
 		return protoErr("HEADERS opening stream %d after %d", id, s.lastID)
 	}
 	s.lastID = id
+	malformed, clen := malformedRequest(fields)
+	if h.selfDep || malformed {
+		// RFC 9113 §5.3.1, §8.1.1: a stream error; nothing is opened.
+		_ = s.down.fr.WriteRSTStream(id, http2.ErrCodeProtocol)
+		s.down.dirty = true
+		return s.countReset()
+	}
+	if s.resetNext(id) {
+		// Opened and reset in one breath (CVE-2023-44487's pattern): the
+		// backend never hears of it; the caller's budget pays.
+		return s.countReset()
+	}
 	if s.goingAway || len(s.streams) >= maxStreams {
+		// The limit we advertised (RFC 9113 §5.1.2). A refusal costs the
+		// caller nothing and us a header block and a frame: counted as a
+		// reset (rapidResetLimit).
 		_ = s.down.fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
 		s.down.dirty = true
+		if !s.goingAway {
+			return s.countReset()
+		}
 		return nil
 	}
 	method := pseudoValue(fields, ":path")
 	rt := s.r.routes[method]
-	st := &stream{method: method, unary: rt.unary, code: codes.Unknown}
+	st := &stream{method: method, unary: rt.unary, code: codes.Unknown, clen: clen}
 	st.ids[sideDown] = id
 	st.win[sideDown] = s.down.initWindow
 	st.recv = [2]int64{streamWindow, streamWindow}
@@ -676,6 +814,10 @@ func (s *session) callerHeaders(id uint32, fields []hpack.HeaderField, end bool)
 		st.start = time.Now()
 	}
 	s.streams[id] = st
+	if status, why := grpcRequest(fields); status != "" {
+		s.answerLocally(st, status, why)
+		return nil
+	}
 	kind := upRuntime
 	switch {
 	case s.r.intercepted(rt):
@@ -689,17 +831,143 @@ func (s *session) callerHeaders(id uint32, fields []hpack.HeaderField, end bool)
 		return nil
 	}
 	st.up = up
+	if uint32(len(up.streams)) >= up.maxStreams {
+		// Over the backend's limit: the stream waits for one of up's to
+		// end, its frames queued (flow control bounds them).
+		st.waiting = true
+		up.waiting = append(up.waiting, st)
+	} else {
+		s.open(st)
+	}
+	s.send(st, sideDown, item{headers: fields, end: end})
+	return nil
+}
+
+// resetNext says whether the caller's next frame, already read into the
+// buffer, is an RST_STREAM of stream id, and if so consumes it: a stream
+// opened and reset before we wrote anything for it need not reach the
+// backend. A look at 13 buffered bytes, no copy: kubelet's next frame is
+// its DATA, which fails the type check.
+func (s *session) resetNext(id uint32) bool {
+	br := s.down.br
+	if br.Buffered() < 13 {
+		return false
+	}
+	b, err := br.Peek(13)
+	if err != nil || b[0] != 0 || b[1] != 0 || b[2] != 4 || http2.FrameType(b[3]) != http2.FrameRSTStream ||
+		binary.BigEndian.Uint32(b[5:9])&(1<<31-1) != id {
+		return false
+	}
+	_, _ = br.Discard(13)
+	return true
+}
+
+// open gives st its stream on its upstream connection.
+func (s *session) open(st *stream) {
+	up := st.up
+	st.waiting = false
 	st.ids[sideUp] = up.nextID
 	up.nextID += 2
 	if up.nextID >= 1<<31-1 {
 		up.goaway = true // stream IDs used up: the next stream opens a new connection
-		s.ups[kind] = nil
+		if s.ups[up.kind] == up {
+			s.ups[up.kind] = nil
+		}
 		s.retired = append(s.retired, up)
 	}
 	st.win[sideUp] = up.initWindow
 	up.streams[st.ids[sideUp]] = st
-	s.send(st, sideDown, item{headers: fields, end: end})
-	return nil
+}
+
+// startWaiting opens the streams waiting for p's stream limit, in order,
+// as far as the limit allows, and sends what they queued.
+func (s *session) startWaiting(p *peer) {
+	for len(p.waiting) > 0 && uint32(len(p.streams)) < p.maxStreams && !p.dead && !p.goaway {
+		st := p.waiting[0]
+		p.waiting[0] = nil
+		p.waiting = p.waiting[1:]
+		if st.removed {
+			continue
+		}
+		s.open(st)
+		s.flushQueue(st, sideUp)
+	}
+	if len(p.waiting) == 0 {
+		p.waiting = nil
+	}
+}
+
+// malformedRequest: a request's pseudo-header fields missing or empty, or a
+// connection-specific field (RFC 9113 §8.2.2, §8.3.1).
+// It also returns the request's content-length, -1 if it has none (gRPC
+// sends none).
+func malformedRequest(fields []hpack.HeaderField) (bool, int64) {
+	var seen uint8
+	clen := int64(-1)
+	for _, f := range fields {
+		if bit := pseudoBit(f.Name); bit != 0 {
+			if f.Value == "" && bit != pseudoAuthority {
+				return true, clen
+			}
+			seen |= bit
+			continue
+		}
+		switch f.Name {
+		case "connection", "proxy-connection", "keep-alive", "transfer-encoding", "upgrade":
+			return true, clen
+		case "te":
+			if f.Value != "trailers" {
+				return true, clen
+			}
+		case "content-length":
+			n, err := strconv.ParseInt(f.Value, 10, 64)
+			if err != nil || n < 0 {
+				return true, clen
+			}
+			clen = n
+		}
+	}
+	return seen&(pseudoMethod|pseudoScheme|pseudoPath) != pseudoMethod|pseudoScheme|pseudoPath, clen
+}
+
+// grpcRequest says why a request is not a gRPC call, as grpc-go's server
+// does: the HTTP status and a message; "" for a gRPC call.
+func grpcRequest(fields []hpack.HeaderField) (status, why string) {
+	method, ct := "", ""
+	for _, f := range fields {
+		switch f.Name {
+		case ":method":
+			method = f.Value
+		case "content-type":
+			ct = f.Value
+		}
+	}
+	if method != "POST" {
+		return "405", "inplaced serves gRPC (CRI) only: the method must be POST, not " + strconv.Quote(method)
+	}
+	if rest, ok := strings.CutPrefix(ct, "application/grpc"); !ok || rest != "" && rest[0] != '+' && rest[0] != ';' {
+		return "415", "inplaced serves gRPC (CRI) only: content-type must be application/grpc, not " + strconv.Quote(ct)
+	}
+	return "", ""
+}
+
+// answerLocally ends a request that is not a gRPC call with an answer of
+// the router's own, as grpc-go's server does (the HTTP status, grpc-status
+// Internal) plus the message as a body: no backend sees it. The body
+// follows the caller's flow control, so the stream counts against
+// maxStreams until the caller has taken it, as RFC 9113 §5.1.2 expects.
+func (s *session) answerLocally(st *stream, httpStatus, why string) {
+	st.local = true
+	st.code = codes.Internal
+	st.sentEnd[sideUp], st.gotEnd[sideUp] = true, true // nothing goes upstream
+	st.resp = true
+	s.send(st, sideUp, item{headers: []hpack.HeaderField{
+		{Name: ":status", Value: httpStatus},
+		{Name: "content-type", Value: "text/plain; charset=utf-8"},
+		{Name: "grpc-status", Value: strconv.Itoa(int(codes.Internal))},
+		{Name: "grpc-message", Value: encodeGrpcMessage(why)},
+	}})
+	s.send(st, sideUp, item{data: []byte(why + "\n"), end: true})
 }
 
 // upstream returns the session's connection of kind, opening it if needed.
@@ -768,6 +1036,14 @@ func (s *session) data(p *peer, f *http2.DataFrame) error {
 	}
 	if st == nil {
 		s.creditConn(p, n) // a stream reset meanwhile: its bytes free the window at once
+		if p.kind == down {
+			// A closed stream (RFC 9113 §5.1): STREAM_CLOSED, as x/net's
+			// server answers; harmless after a reset of ours, which the
+			// caller ignores as we would.
+			_ = p.fr.WriteRSTStream(f.StreamID, http2.ErrCodeStreamClosed)
+			p.dirty = true
+			return s.controlFrame(p, limitClosedStreamFlood)
+		}
 		return nil
 	}
 	if st.gotEnd[from] {
@@ -784,6 +1060,15 @@ func (s *session) data(p *peer, f *http2.DataFrame) error {
 	if f.StreamEnded() {
 		st.gotEnd[from] = true
 	}
+	if st.clen >= 0 && from == sideDown {
+		// RFC 9113 §8.1.1: DATA that disagrees with content-length makes
+		// the request malformed, a stream error.
+		if st.clen -= int64(len(d)); st.clen < 0 || f.StreamEnded() && st.clen != 0 {
+			s.creditConn(p, int64(len(d)))
+			s.resetBoth(st, http2.ErrCodeProtocol, codes.Internal)
+			return nil
+		}
+	}
 	if size, over := st.msgs[from].feed(d); over {
 		s.creditConn(p, int64(len(d)))
 		s.failStream(st, codes.ResourceExhausted, fmt.Sprintf("grpc: received message larger than max (%d vs. %d)", size, MaxMsgSize))
@@ -799,9 +1084,12 @@ func (s *session) send(st *stream, from int, it item) {
 	to := 1 - from
 	if st.removed || st.sentEnd[to] {
 		s.creditConn(s.peerOf(st, from), int64(len(it.data)))
+		if st.local && it.end {
+			s.maybeDone(st)
+		}
 		return
 	}
-	if len(st.q[to]) == 0 && s.deliver(st, to, &it) {
+	if len(st.q[to]) == 0 && !(st.waiting && to == sideUp) && s.deliver(st, to, &it) {
 		s.maybeDone(st)
 		return
 	}
@@ -845,6 +1133,14 @@ func (s *session) deliver(st *stream, to int, it *item) bool {
 	}
 	id := st.ids[to]
 	if it.headers != nil {
+		if p.maxHeaderList != 0 {
+			if size := listSize(it.headers); size > p.maxHeaderList {
+				// As grpc-go's client and server: the peer said it would
+				// not take it.
+				s.failStream(st, codes.Internal, fmt.Sprintf("header list size to send violates the maximum size (%d bytes) set by the peer (%d bytes)", p.maxHeaderList, size))
+				return true
+			}
+		}
 		p.writeHeaders(id, it.headers, it.end)
 		st.sentEnd[to] = it.end
 		return true
@@ -857,6 +1153,7 @@ func (s *session) deliver(st *stream, to int, it *item) bool {
 		end := it.end && n == int64(len(it.data))
 		_ = p.fr.WriteData(id, end, it.data[:n])
 		p.dirty = true
+		p.ctrl = 0
 		st.win[to] -= n
 		p.sendConn -= n
 		it.data = it.data[n:]
@@ -875,7 +1172,7 @@ func (s *session) deliver(st *stream, to int, it *item) bool {
 // flushQueue writes what waits for side to, as far as its windows allow.
 func (s *session) flushQueue(st *stream, to int) {
 	for len(st.q[to]) > 0 && !st.removed {
-		if !s.deliver(st, to, &st.q[to][0]) {
+		if !s.deliver(st, to, &st.q[to][0]) || st.removed {
 			return
 		}
 		st.q[to][0].release()
@@ -945,6 +1242,9 @@ func (s *session) creditConn(p *peer, n int64) {
 // maybeDone forgets a stream both sides have ended.
 func (s *session) maybeDone(st *stream) {
 	if !st.removed && st.sentEnd[sideDown] && st.sentEnd[sideUp] && len(st.q[0]) == 0 && len(st.q[1]) == 0 {
+		if st.local && !st.gotEnd[sideDown] {
+			return // kept until the caller ends its side, or resets it
+		}
 		s.remove(st, st.code)
 	}
 }
@@ -960,8 +1260,14 @@ func (s *session) remove(st *stream, code codes.Code) {
 	for to := range 2 {
 		s.dropQueue(st, to)
 	}
-	if st.up != nil {
+	if st.resp && s.resets > 0 {
+		s.resets-- // an answered call earns back a reset (rapidResetLimit)
+	}
+	if st.up != nil && !st.waiting {
 		delete(st.up.streams, st.ids[sideUp])
+		if len(st.up.waiting) > 0 {
+			s.startWaiting(st.up)
+		}
 		s.retire(st.up)
 	}
 	if s.r.observe != nil {
@@ -991,27 +1297,36 @@ func (s *session) retire(p *peer) {
 			_ = p.bw.Flush()
 		}
 		p.dead = true
-		p.conn.Close()
+		p.w.close()
 	}
 }
 
 // reset is an RST_STREAM from p: passed on to the other side.
-func (s *session) reset(p *peer, f *http2.RSTStreamFrame) {
+func (s *session) reset(p *peer, f *http2.RSTStreamFrame) error {
 	if p.kind == down {
 		st := s.streams[f.StreamID]
 		if st == nil {
-			return
+			if f.StreamID > s.lastID || f.StreamID%2 == 0 {
+				return protoErr("RST_STREAM on idle stream %d", f.StreamID) // RFC 9113 §6.4
+			}
+			return nil
 		}
-		if st.up != nil && !st.up.dead && !(st.sentEnd[sideUp] && st.gotEnd[sideUp]) {
+		if st.up != nil && !st.up.dead && !st.waiting && !(st.sentEnd[sideUp] && st.gotEnd[sideUp]) {
 			_ = st.up.fr.WriteRSTStream(st.ids[sideUp], f.ErrCode)
 			st.up.dirty = true
 		}
+		answered := st.resp
 		s.remove(st, codes.Canceled)
-		return
+		if !answered {
+			// Opened and reset before the backend answered: the pattern
+			// of CVE-2023-44487, which costs the backend a call each.
+			return s.countReset()
+		}
+		return nil
 	}
 	st := p.streams[f.StreamID]
 	if st == nil {
-		return
+		return nil
 	}
 	code := st.code
 	if !st.gotEnd[sideUp] {
@@ -1023,14 +1338,18 @@ func (s *session) reset(p *peer, f *http2.RSTStreamFrame) {
 		st.code = code
 		delete(p.streams, f.StreamID)
 		st.up = nil
+		if len(p.waiting) > 0 {
+			s.startWaiting(p)
+		}
 		s.retire(p)
-		return
+		return nil
 	}
 	if !st.sentEnd[sideDown] || !st.gotEnd[sideDown] {
 		_ = s.down.fr.WriteRSTStream(st.ids[sideDown], f.ErrCode)
 		s.down.dirty = true
 	}
 	s.remove(st, code)
+	return nil
 }
 
 func rstCode(c http2.ErrCode) codes.Code {
@@ -1048,7 +1367,7 @@ func rstCode(c http2.ErrCode) codes.Code {
 func (s *session) resetBoth(st *stream, code http2.ErrCode, c codes.Code) {
 	_ = s.down.fr.WriteRSTStream(st.ids[sideDown], code)
 	s.down.dirty = true
-	if st.up != nil && !st.up.dead {
+	if st.up != nil && !st.up.dead && !st.waiting {
 		_ = st.up.fr.WriteRSTStream(st.ids[sideUp], http2.ErrCodeCancel)
 		st.up.dirty = true
 	}
@@ -1078,15 +1397,16 @@ func (s *session) failStream(st *stream, code codes.Code, msg string) {
 			_ = s.down.fr.WriteRSTStream(st.ids[sideDown], http2.ErrCodeNo)
 		}
 	}
-	if st.up != nil && !st.up.dead && !(st.sentEnd[sideUp] && st.gotEnd[sideUp]) {
+	if st.up != nil && !st.up.dead && !st.waiting && !(st.sentEnd[sideUp] && st.gotEnd[sideUp]) {
 		_ = st.up.fr.WriteRSTStream(st.ids[sideUp], http2.ErrCodeCancel)
 		st.up.dirty = true
 	}
 	s.remove(st, code)
 }
 
-// settings applies a peer's SETTINGS.
-func (s *session) settings(p *peer, f *http2.SettingsFrame) error {
+// settings applies a peer's SETTINGS and says whether its stream windows
+// grew (what waits for them may go).
+func (s *session) settings(p *peer, f *http2.SettingsFrame) (bool, error) {
 	var err error
 	delta := int64(0)
 	_ = f.ForeachSetting(func(set http2.Setting) error {
@@ -1102,14 +1422,25 @@ func (s *session) settings(p *peer, f *http2.SettingsFrame) error {
 			p.maxFrame = int(set.Val)
 		case http2.SettingHeaderTableSize:
 			p.enc.limit(set.Val)
+		case http2.SettingMaxConcurrentStreams:
+			if p.kind != down { // a caller's limits the pushes we never make
+				p.maxStreams = set.Val
+			}
+		case http2.SettingMaxHeaderListSize:
+			p.maxHeaderList = set.Val
 		}
 		return nil
 	})
 	if err != nil {
-		return err
+		return false, err
+	}
+	if p.kind != down {
+		if len(p.waiting) > 0 {
+			s.startWaiting(p)
+		}
 	}
 	if delta == 0 {
-		return nil
+		return false, nil
 	}
 	side, streams := sideUp, p.streams
 	if p.kind == down {
@@ -1118,13 +1449,10 @@ func (s *session) settings(p *peer, f *http2.SettingsFrame) error {
 	for _, st := range streams {
 		st.win[side] += delta
 		if st.win[side] > 1<<31-1 {
-			return connErr{http2.ErrCodeFlowControl, "SETTINGS_INITIAL_WINDOW_SIZE overflows a stream window"}
+			return false, connErr{http2.ErrCodeFlowControl, "SETTINGS_INITIAL_WINDOW_SIZE overflows a stream window"}
 		}
 	}
-	if delta > 0 {
-		s.flushPeer(p)
-	}
-	return nil
+	return delta > 0, nil
 }
 
 func (s *session) windowUpdate(p *peer, f *http2.WindowUpdateFrame) error {
@@ -1149,7 +1477,11 @@ func (s *session) windowUpdate(p *peer, f *http2.WindowUpdateFrame) error {
 	}
 	st.win[side] += inc
 	if st.win[side] > 1<<31-1 {
-		return connErr{http2.ErrCodeFlowControl, fmt.Sprintf("window of stream %d above 2^31-1", f.StreamID)}
+		if p.kind != down {
+			return connErr{http2.ErrCodeFlowControl, fmt.Sprintf("window of stream %d above 2^31-1", f.StreamID)}
+		}
+		s.resetBoth(st, http2.ErrCodeFlowControl, codes.Internal) // a stream error (RFC 9113 §6.9.1)
+		return nil
 	}
 	if len(st.q[side]) > 0 {
 		s.flushQueue(st, side)
@@ -1160,6 +1492,7 @@ func (s *session) windowUpdate(p *peer, f *http2.WindowUpdateFrame) error {
 // writeHeaders encodes fields for p and writes them as HEADERS and
 // CONTINUATION frames of at most p's frame size.
 func (p *peer) writeHeaders(id uint32, fields []hpack.HeaderField, end bool) {
+	p.ctrl = 0
 	p.enc.block()
 	for _, f := range fields {
 		p.enc.field(f)
@@ -1178,6 +1511,16 @@ func (p *peer) writeHeaders(id uint32, fields []hpack.HeaderField, end bool) {
 		}
 	}
 	p.dirty = true
+}
+
+// listSize is a header list's size as SETTINGS_MAX_HEADER_LIST_SIZE counts
+// it (RFC 9113 §6.5.2).
+func listSize(fields []hpack.HeaderField) uint32 {
+	var n uint32
+	for _, f := range fields {
+		n += f.Size()
+	}
+	return n
 }
 
 // statusOf reads grpc-status from trailers; Unknown if absent.

@@ -94,7 +94,7 @@ func TestBackendDownThroughRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	r := New(conn)
+	r := New(conn, modeOpts()...)
 	pxSock := filepath.Join(dir, "px.sock")
 	lis, err := net.Listen("unix", pxSock)
 	if err != nil {
@@ -127,7 +127,13 @@ func TestBackendDownThroughRelay(t *testing.T) {
 	runtimeapi.RegisterRuntimeServiceServer(be, &versionServer{})
 	go func() { _ = be.Serve(beLis) }()
 	defer be.Stop()
-	if resp, err := rt.Version(ctx, &runtimeapi.VersionRequest{}); err != nil || resp.RuntimeName != "fake" {
+	resp, err := rt.Version(ctx, &runtimeapi.VersionRequest{})
+	for grpcMode() && status.Code(err) == codes.Unavailable && ctx.Err() == nil {
+		// grpc-go's client redials after its backoff (1 s), not per call
+		time.Sleep(100 * time.Millisecond)
+		resp, err = rt.Version(ctx, &runtimeapi.VersionRequest{})
+	}
+	if err != nil || resp.RuntimeName != "fake" {
 		t.Fatalf("after the backend came up: %v %v", resp, err)
 	}
 }
@@ -207,7 +213,7 @@ func TestGracefulStopLetsCallsFinish(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	r := New(conn)
+	r := New(conn, modeOpts()...)
 	pxSock := filepath.Join(dir, "px.sock")
 	lis, err := net.Listen("unix", pxSock)
 	if err != nil {

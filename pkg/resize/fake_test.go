@@ -236,6 +236,9 @@ func (r *fakeRuntime) ListContainers(_ context.Context, req *runtimeapi.ListCont
 		if id := req.GetFilter().GetId(); id != "" && id != c.id {
 			continue
 		}
+		if sb := req.GetFilter().GetPodSandboxId(); sb != "" && sb != c.sandbox {
+			continue
+		}
 		match := true
 		for k, v := range req.GetFilter().GetLabelSelector() {
 			match = match && c.labels[k] == v
@@ -397,7 +400,7 @@ func newFixture(t *testing.T) *fixture {
 	if cg.Version() != 1 {
 		t.Fatalf("fake tree detected as cgroup v%d", cg.Version())
 	}
-	f.r, err = New(Options{Runtime: f.rt, Cgroups: cg, Store: f.rec, VMRuntimeHandlers: []string{"kata"}})
+	f.r, err = New(Options{Runtime: f.rt, Cgroups: cg, Store: f.rec})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/inplaced/inplaced/pkg/caller"
 	"github.com/inplaced/inplaced/pkg/fence"
 	"github.com/inplaced/inplaced/pkg/resources"
+	"github.com/inplaced/inplaced/pkg/runtimeclass"
 	"github.com/inplaced/inplaced/pkg/swap"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
@@ -30,6 +30,7 @@ const (
 	ResultFailed  = "failed"
 
 	MethodCgroup  = "cgroup"  // runtime call, then cgroups verified and repaired
+	MethodSandbox = "sandbox" // the pod cgroup of a sandbox governed as a whole, and the runtime call
 	MethodBackend = "backend" // runtime call only, verified through ContainerStatus
 )
 
@@ -50,9 +51,10 @@ type Options struct {
 	Store Recorder
 	// Fences, when set, make the control API refuse a container a swap holds.
 	Fences *fence.Registry
-	// VMRuntimeHandlers are runtime handlers whose sandboxes are VMs.
-	VMRuntimeHandlers []string
-	Logger            *zap.Logger
+	// Classes say where each runtime handler's limits are enforced; nil:
+	// the built-in table (runtimeclass.New(nil)).
+	Classes *runtimeclass.Table
+	Logger  *zap.Logger
 	// Timeout bounds a resize once the runtime has been called; the caller's
 	// cancellation does not cut it short. Default 30 s.
 	Timeout time.Duration
@@ -67,7 +69,7 @@ type Resizer struct {
 	cg      *resources.Manager
 	store   Recorder
 	fences  *fence.Registry
-	vm      []string
+	classes *runtimeclass.Table
 	log     *zap.Logger
 	timeout time.Duration
 	now     func() time.Time
@@ -83,7 +85,10 @@ func New(o Options) (*Resizer, error) {
 		return nil, errors.New("resize.New: runtime and store are required")
 	}
 	r := &Resizer{rt: o.Runtime, cg: o.Cgroups, store: o.Store, fences: o.Fences,
-		vm: slices.Clone(o.VMRuntimeHandlers), log: o.Logger, timeout: o.Timeout, now: o.Now}
+		classes: o.Classes, log: o.Logger, timeout: o.Timeout, now: o.Now}
+	if r.classes == nil {
+		r.classes, _ = runtimeclass.New(nil) // the built-in table alone is valid
+	}
 	if r.log == nil {
 		r.log = zap.NewNop()
 	}
@@ -172,8 +177,14 @@ type op struct {
 	id          string
 	status      *runtimeapi.ContainerStatus
 	cgroupsPath string
-	vm          bool
-	update      updateFunc
+	sandboxID   string
+	// sandboxCgroup is the pod cgroup the sandbox method resized.
+	sandboxCgroup string
+	class         runtimeclass.Class
+	// overhead is the pod overhead the sandbox config declares (kubelet
+	// passes a RuntimeClass's there), else the class's.
+	overhead runtimeclass.Overhead
+	update   updateFunc
 	// resources is the control API's request; req is built from it once the
 	// container's CPU period is known. kubelet's calls set req directly.
 	resources *inplacedv1.Resources
@@ -227,19 +238,30 @@ func (r *Resizer) inspect(ctx context.Context, id, sandboxID string) (*op, error
 			sandboxID = list.Containers[0].GetPodSandboxId()
 		}
 	}
+	o.sandboxID = sandboxID
+	o.class = r.classes.Lookup("", "")
 	if sandboxID != "" {
-		ps, err := r.rt.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sandboxID})
+		ps, err := r.rt.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sandboxID, Verbose: true})
 		if err != nil {
 			return nil, fmt.Errorf("sandbox status %s: %w", short(sandboxID), err)
 		}
-		o.vm = slices.Contains(r.vm, ps.GetStatus().GetRuntimeHandler())
+		var sb sandboxVerbose
+		if raw, ok := ps.GetInfo()["info"]; ok {
+			if err := json.Unmarshal([]byte(raw), &sb); err != nil {
+				r.log.Warn("resize: cannot decode verbose sandbox info", zap.String("sandbox_id", sandboxID), zap.Error(err))
+			}
+		}
+		o.class = r.classes.Lookup(ps.GetStatus().GetRuntimeHandler(), sb.RuntimeType)
+		o.overhead = sb.overhead(o.class.Overhead)
 	}
 	labels := st.GetLabels()
 	o.rec = &inplacedv1.ResizeRecord{
-		Namespace:   labels[swap.LabelPodNamespace],
-		Pod:         labels[swap.LabelPodName],
-		Container:   labels[swap.LabelContainerName],
-		ContainerId: o.id,
+		Namespace:      labels[swap.LabelPodNamespace],
+		Pod:            labels[swap.LabelPodName],
+		Container:      labels[swap.LabelContainerName],
+		ContainerId:    o.id,
+		RuntimeHandler: o.class.Handler,
+		RuntimeClass:   string(o.class.Enforcement),
 	}
 	if o.rec.Container == "" {
 		o.rec.Container = st.GetMetadata().GetName()
@@ -254,6 +276,7 @@ func (r *Resizer) run(ctx context.Context, o *op, start time.Time) (err error) {
 	log := r.log.With(zap.String("resize_id", o.rec.Id), zap.String("container_id", o.id))
 	defer func() {
 		o.rec.DurationNs = int64(r.now().Sub(start))
+		o.describe()
 		if err != nil {
 			if o.rec.Result == "" || o.rec.Result == ResultApplied {
 				o.rec.Result = ResultFailed
@@ -275,10 +298,16 @@ func (r *Resizer) run(ctx context.Context, o *op, start time.Time) (err error) {
 			log.Info("resize", fields...)
 		}
 	}()
-	if r.cg == nil || o.vm || o.cgroupsPath == "" {
+	switch {
+	case r.cg == nil || o.cgroupsPath == "":
+		return r.viaBackend(ctx, o)
+	case o.class.Enforcement == runtimeclass.SandboxCgroup:
+		return r.viaSandbox(ctx, o)
+	case o.class.Enforcement == runtimeclass.ContainerCgroups:
+		return r.viaCgroups(ctx, o)
+	default: // vm, unknown: nothing on the host holds the container
 		return r.viaBackend(ctx, o)
 	}
-	return r.viaCgroups(ctx, o)
 }
 
 // withRecord attaches rec to a status error as a detail, so that a client

@@ -2,6 +2,7 @@ package resize
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"syscall"
@@ -12,6 +13,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/store"
+	"github.com/inplaced/inplaced/pkg/swap"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
@@ -218,7 +220,8 @@ func TestResizeVMUsesBackendOnly(t *testing.T) {
 	if len(f.rt.updates) != 1 {
 		t.Errorf("%d runtime updates, want 1", len(f.rt.updates))
 	}
-	if rec.Method != MethodBackend || rec.Result != ResultApplied || rec.InEffect.GetCpuQuota() != 150000 || rec.InEffect.GetMemoryLimitBytes() != 512*mi {
+	if rec.Method != MethodBackend || rec.Result != ResultApplied || rec.InEffect.GetCpuQuota() != 150000 || rec.InEffect.GetMemoryLimitBytes() != 512*mi ||
+		rec.RuntimeClass != "vm" || rec.Enforced != EnforcedRuntime || rec.Verified != VerifiedRuntimeOnly {
 		t.Errorf("record %v", rec)
 	}
 
@@ -237,7 +240,7 @@ func TestResizeCgroupNotVisibleUsesBackend(t *testing.T) {
 	f.rt.add(&fakeContainer{
 		id: "h1", sandbox: "hidden-sb", cgroupsPath: "/elsewhere/pod3/h1",
 		res: &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 50000, MemoryLimitInBytes: 256 * mi},
-	}, "runc-elsewhere")
+	}, "crun") // per-container cgroups, which the fake runtime does not write
 	rec, err := f.r.Resize(context.Background(), &inplacedv1.ResizeRequest{Target: &inplacedv1.Target{ContainerId: "h1"},
 		Resources: &inplacedv1.Resources{CpuLimitMillis: 1500}}, 0, 1)
 	if err != nil {
@@ -349,12 +352,26 @@ func TestResizeRequestErrors(t *testing.T) {
 		{"nothing", &inplacedv1.ResizeRequest{Target: appTarget, Resources: &inplacedv1.Resources{}}, codes.InvalidArgument},
 		{"negative", &inplacedv1.ResizeRequest{Target: appTarget, Resources: &inplacedv1.Resources{CpuLimitMillis: -5}}, codes.InvalidArgument},
 		{"huge", &inplacedv1.ResizeRequest{Target: appTarget, Resources: &inplacedv1.Resources{CpuLimitMillis: 1 << 62}}, codes.InvalidArgument},
-		{"no target", &inplacedv1.ResizeRequest{Resources: &inplacedv1.Resources{CpuLimitMillis: 500}}, codes.InvalidArgument},
-		{"unknown", &inplacedv1.ResizeRequest{Target: &inplacedv1.Target{ContainerId: "zz"}, Resources: &inplacedv1.Resources{CpuLimitMillis: 500}}, codes.NotFound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := f.r.Resize(context.Background(), tc.req, 0, 1); status.Code(err) != tc.code {
 				t.Errorf("err %v, want %s", err, tc.code)
+			}
+		})
+	}
+	// The target is resolved by package swap, whose refusals the control
+	// API maps to their codes.
+	for _, tc := range []struct {
+		name string
+		req  *inplacedv1.ResizeRequest
+		kind error
+	}{
+		{"no target", &inplacedv1.ResizeRequest{Resources: &inplacedv1.Resources{CpuLimitMillis: 500}}, swap.ErrInvalid},
+		{"unknown", &inplacedv1.ResizeRequest{Target: &inplacedv1.Target{ContainerId: "zz"}, Resources: &inplacedv1.Resources{CpuLimitMillis: 500}}, swap.ErrNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := f.r.Resize(context.Background(), tc.req, 0, 1); !errors.Is(err, tc.kind) {
+				t.Errorf("err %v, want %v", err, tc.kind)
 			}
 		})
 	}

@@ -134,3 +134,28 @@ func expandSlice(slice string) (string, error) {
 	}
 	return dir, nil
 }
+
+// Sandbox returns a Target that names the pod cgroup holding t's container
+// as its own cgroup (and so the pod's parent, a QoS or slice cgroup, as its
+// "pod"): for runtimes whose host cgroups govern only the whole sandbox
+// (gVisor, Kata with sandbox_cgroup_only), Read, Plan and Apply on it work
+// on the pod cgroup, with the parent raised only where the pod needs room.
+func (t Target) Sandbox() (Target, error) {
+	_, pod, err := t.cgroups()
+	if err != nil {
+		return Target{}, err
+	}
+	if path.Dir(pod) == "/" && t.driver() == DriverCgroupfs {
+		return Target{}, fmt.Errorf("%w: pod cgroup %s of %q has no parent", ErrInvalidTarget, pod, t.CgroupsPath)
+	}
+	if t.driver() == DriverCgroupfs {
+		return Target{CgroupsPath: pod, Driver: DriverCgroupfs}, nil
+	}
+	// systemd: the pod is a slice, named as a unit of its parent slice
+	// ("kubepods-burstable.slice::kubepods-burstable-pod<uid>.slice").
+	parent := path.Base(path.Dir(pod))
+	if parent == "/" || parent == "." {
+		parent = "-.slice"
+	}
+	return Target{CgroupsPath: parent + "::" + path.Base(pod), Driver: DriverSystemd}, nil
+}

@@ -70,3 +70,24 @@ func TestTargetCgroupsInvalid(t *testing.T) {
 		}
 	}
 }
+
+func TestTargetSandbox(t *testing.T) {
+	for _, c := range []struct {
+		in, ctr, pod string
+	}{
+		{"/kubepods/burstable/podU/abc", "/kubepods/burstable/podU", "/kubepods/burstable"},
+		{"kubepods-burstable-podU.slice:cri-containerd:abc", "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podU.slice", "/kubepods.slice/kubepods-burstable.slice"},
+	} {
+		s, err := Target{CgroupsPath: c.in}.Sandbox()
+		if err != nil {
+			t.Fatalf("%s: %v", c.in, err)
+		}
+		ctr, pod, err := s.cgroups()
+		if err != nil || ctr != c.ctr || pod != c.pod {
+			t.Errorf("Sandbox(%s) names %s in %s (%v), want %s in %s", c.in, ctr, pod, err, c.ctr, c.pod)
+		}
+	}
+	if _, err := (Target{CgroupsPath: "/pod/abc"}).Sandbox(); err == nil {
+		t.Error("a pod cgroup right under the root: want an error (no parent to keep above it)")
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -36,7 +37,12 @@ var (
 	bucketSwaps      = []byte("swaps")
 	bucketOverrides  = []byte("overrides")
 	bucketResizes    = []byte("resizes")
+	// BucketSetAside holds journal entries that could not be decoded,
+	// byte for byte, for inspection (bbolt get state.db journal-set-aside <swap ID>).
+	BucketSetAside = []byte("journal-set-aside")
 )
+
+var buckets = [][]byte{bucketSandboxes, bucketContainers, bucketJournal, bucketSwaps, bucketOverrides, bucketResizes, BucketSetAside}
 
 // ErrNotFound is returned when a key is not in the store.
 var ErrNotFound = errors.New("not found")
@@ -44,48 +50,231 @@ var ErrNotFound = errors.New("not found")
 // historyLimit bounds the swap and resize history kept per bucket.
 const historyLimit = 1000
 
-// Store is the state database.
+// Store is the state database. A Store made by OpenOrDegrade may be
+// unusable (Problem says why): its methods then return ErrUnavailable, and
+// Retry brings it back once the cause is gone.
 type Store struct {
-	db *bolt.DB
+	dir, path string
+
+	// mu guards db and problem; readers hold it for a whole transaction so
+	// that Retry never closes a db under one.
+	mu      sync.RWMutex
+	db      *bolt.DB // nil: the file could not be opened
+	problem *Problem // nil: healthy
+
+	setAside func(swapID string, err error)
 }
 
-// Open opens (creating if needed) dir/state.db. Only one inplaced may hold it.
+// Open opens (creating if needed) dir/state.db, or fails: for tools and
+// tests that want the store or nothing. inplaced uses OpenOrDegrade.
 func Open(dir string) (*Store, error) {
+	s := OpenOrDegrade(dir)
+	if p := s.Problem(); p != nil {
+		s.Close()
+		return nil, p
+	}
+	return s, nil
+}
+
+// OpenOrDegrade opens dir/state.db and never fails: when the file cannot be
+// opened (damaged, full or read-only filesystem, locked by another process)
+// or written, the Store is returned unusable, with the Problem, and is
+// repaired by Retry. The file is never removed or rewritten to get there.
+func OpenOrDegrade(dir string) *Store {
+	s := &Store{dir: dir, path: filepath.Join(dir, "state.db")}
+	db, err := openDB(dir, s.path)
+	s.db = db
+	if err != nil {
+		s.problem = newProblem(s.path, err)
+	}
+	return s
+}
+
+// openDB opens and checks the file and creates the buckets. A panic of
+// bbolt on a damaged file is an error. db comes back open with err set when
+// only the write probe failed: the records can still be read (overrides
+// still apply to kubelet's calls) while nothing new can be written.
+func openDB(dir, path string) (db *bolt.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", errDamaged, r)
+			if db != nil {
+				db.Close()
+				db = nil
+			}
+		}
+	}()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir %s: %w", dir, err)
 	}
-	path := filepath.Join(dir, "state.db")
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout})
 	if err != nil {
-		return nil, fmt.Errorf("open state %s (is another inplaced running?): %w", path, err)
+		return nil, fmt.Errorf("open: %w", err) // the Problem names the file
 	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketSandboxes, bucketContainers, bucketJournal, bucketSwaps, bucketOverrides, bucketResizes} {
+	if err := initDB(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return db, probeWrite(dir)
+}
+
+// initDB checks the file's consistency and creates the missing buckets.
+func initDB(db *bolt.DB) error {
+	missing := false
+	err := db.View(func(tx *bolt.Tx) error {
+		var first error
+		for err := range tx.Check() { // drained: the checker reads tx until it closes the channel
+			if first == nil {
+				first = err
+			}
+		}
+		if first != nil {
+			return fmt.Errorf("%w: %v", errDamaged, first)
+		}
+		for _, b := range buckets {
+			missing = missing || tx.Bucket(b) == nil
+		}
+		return nil
+	})
+	if err != nil || !missing {
+		return err
+	}
+	return db.Update(func(tx *bolt.Tx) error {
+		for _, b := range buckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("init state %s: %w", path, err)
-	}
-	return &Store{db: db}, nil
 }
 
 // Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.db == nil {
+		return nil
+	}
+	err := s.db.Close()
+	s.db = nil
+	return err
+}
+
+// Problem is why the store is unusable now; nil when it is healthy.
+func (s *Store) Problem() *Problem {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.problem
+}
+
+// Usable returns nil when the store can be read and written, else an error
+// wrapping ErrUnavailable that says what is wrong and what to do.
+func (s *Store) Usable() error {
+	if p := s.Problem(); p != nil {
+		return fmt.Errorf("%w: %v", ErrUnavailable, p)
+	}
+	return nil
+}
+
+// Retry tries to repair an unusable store: open the file again (a new one
+// is created when the damaged one was moved aside), or, when only writes
+// failed, check that the filesystem takes writes again. It reports whether
+// the store went from unusable to healthy.
+func (s *Store) Retry() (repaired bool) {
+	s.mu.RLock()
+	p, db := s.problem, s.db
+	s.mu.RUnlock()
+	if p == nil {
+		return false
+	}
+	if db != nil && p.Cause != CauseDamaged {
+		if err := probeWrite(s.dir); err != nil {
+			s.setProblem(err)
+			return false
+		}
+		s.mu.Lock()
+		s.problem = nil
+		s.mu.Unlock()
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.db != nil {
+		s.db.Close()
+		s.db = nil
+	}
+	db, err := openDB(s.dir, s.path)
+	s.db = db
+	if err != nil {
+		s.problem = keepSince(s.problem, newProblem(s.path, err))
+		return false
+	}
+	s.problem = nil
+	return true
+}
+
+// setProblem records a failure seen while the store was in use.
+func (s *Store) setProblem(err error) {
+	np := newProblem(s.path, err)
+	s.mu.Lock()
+	s.problem = keepSince(s.problem, np)
+	s.mu.Unlock()
+}
+
+// unusable is the error of a call made while the store cannot serve it.
+func unusable(p *Problem) error { return fmt.Errorf("%w: %v", ErrUnavailable, p) }
+
+// view runs fn in a read transaction. A panic of bbolt (a page damaged
+// after the open-time check) marks the store damaged instead of ending
+// inplaced.
+func (s *Store) view(fn func(*bolt.Tx) error) (err error) {
+	return s.txn(false, fn)
+}
+
+// update runs fn in a write transaction; a filesystem error makes the store
+// unusable for swaps until Retry sees the filesystem take writes again.
+func (s *Store) update(fn func(*bolt.Tx) error) error {
+	return s.txn(true, fn)
+}
+
+func (s *Store) txn(write bool, fn func(*bolt.Tx) error) (err error) {
+	s.mu.RLock()
+	locked := true
+	unlock := func() {
+		if locked {
+			locked = false
+			s.mu.RUnlock()
+		}
+	}
+	defer unlock()
+	if s.db == nil {
+		return unusable(s.problem)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", errDamaged, r)
+		}
+		if err != nil && isStorageError(err) {
+			unlock()
+			s.setProblem(err)
+		}
+	}()
+	if write {
+		return s.db.Update(fn)
+	}
+	return s.db.View(fn)
+}
 
 func (s *Store) put(bucket []byte, key string, val []byte) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucket).Put([]byte(key), val)
 	})
 }
 
 func (s *Store) get(bucket []byte, key string) ([]byte, error) {
 	var out []byte
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucket).Get([]byte(key))
 		if v == nil {
 			return fmt.Errorf("%s %q: %w", bucket, key, ErrNotFound)
@@ -97,13 +286,13 @@ func (s *Store) get(bucket []byte, key string) ([]byte, error) {
 }
 
 func (s *Store) del(bucket []byte, key string) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucket).Delete([]byte(key))
 	})
 }
 
 func (s *Store) each(bucket []byte, fn func(k string, v []byte) error) error {
-	return s.db.View(func(tx *bolt.Tx) error {
+	return s.view(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucket).ForEach(func(k, v []byte) error { return fn(string(k), v) })
 	})
 }
@@ -141,7 +330,7 @@ func (s *Store) Sandbox(id string) (*runtimeapi.RunPodSandboxRequest, error) {
 // DeleteSandbox drops a sandbox, the containers recorded in it and its
 // overrides: overrides end with their sandbox.
 func (s *Store) DeleteSandbox(id string) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketSandboxes).Delete([]byte(id)); err != nil {
 			return err
 		}
@@ -217,18 +406,103 @@ func (s *Store) PutJournal(e *JournalEntry) error {
 // DeleteJournal removes a finished swap's journal entry.
 func (s *Store) DeleteJournal(id string) error { return s.del(bucketJournal, id) }
 
-// Journal lists unfinished swaps.
+// Journal lists unfinished swaps. An entry that cannot be decoded (a torn
+// or foreign write) is set aside: moved byte for byte to BucketSetAside,
+// recorded as a failed swap in the history and told to the OnSetAside
+// function, so that it neither blocks the recovery of the others nor is
+// lost.
 func (s *Store) Journal() ([]*JournalEntry, error) {
 	var out []*JournalEntry
-	err := s.each(bucketJournal, func(_ string, v []byte) error {
-		e := &JournalEntry{}
-		if err := json.Unmarshal(v, e); err != nil {
-			return fmt.Errorf("decode journal entry: %w", err)
+	bad := map[string]error{}
+	err := s.each(bucketJournal, func(k string, v []byte) error {
+		e, err := decodeJournal(k, v)
+		if err != nil {
+			bad[k] = err
+			return nil
 		}
 		out = append(out, e)
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	for id, derr := range bad {
+		s.setAsideJournal(id, derr)
+	}
+	return out, nil
+}
+
+// OnSetAside installs f, told of each journal entry set aside; call it
+// before the first Journal.
+func (s *Store) OnSetAside(f func(swapID string, err error)) { s.setAside = f }
+
+// decodeJournal decodes an entry and the records recovery will decode.
+func decodeJournal(key string, v []byte) (*JournalEntry, error) {
+	e := &JournalEntry{}
+	if err := json.Unmarshal(v, e); err != nil {
+		return nil, err
+	}
+	if e.SwapID != key {
+		return nil, fmt.Errorf("swap ID %q under key %q", e.SwapID, key)
+	}
+	for what, m := range map[string]struct {
+		b []byte
+		m proto.Message
+	}{
+		"record": {e.Record, &inplacedv1.SwapRecord{}}, "old config": {e.OldRequest, &runtimeapi.CreateContainerRequest{}},
+		"new config": {e.NewRequest, &runtimeapi.CreateContainerRequest{}},
+	} {
+		if err := proto.Unmarshal(m.b, m.m); err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+	}
+	return e, nil
+}
+
+// setAsideJournal moves an undecodable entry out of the journal and leaves
+// a failed swap record that says where it is.
+func (s *Store) setAsideJournal(id string, derr error) {
+	err := s.update(func(tx *bolt.Tx) error {
+		j := tx.Bucket(bucketJournal)
+		v := append([]byte(nil), j.Get([]byte(id))...)
+		b, err := proto.Marshal(setAsideRecord(id, v, fmt.Sprintf("journal entry could not be decoded (%v): set aside in %s, "+
+			"bucket %s, and not recovered; kubelet restarts the container if the swap had stopped it", derr, s.path, BucketSetAside)))
+		if err != nil {
+			return err
+		}
+		if err := tx.Bucket(BucketSetAside).Put([]byte(id), v); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketSwaps).Put([]byte(id), b); err != nil {
+			return err
+		}
+		return j.Delete([]byte(id))
+	})
+	if err != nil {
+		derr = fmt.Errorf("%w (and it could not be set aside: %v)", derr, err)
+	}
+	if s.setAside != nil {
+		s.setAside(id, derr)
+	}
+}
+
+// setAsideRecord is the failed swap record of a set-aside entry: what can
+// still be read of the entry's own record (pod, container), else the ID.
+func setAsideRecord(id string, v []byte, why string) *inplacedv1.SwapRecord {
+	rec := &inplacedv1.SwapRecord{}
+	var e JournalEntry
+	if json.Unmarshal(v, &e) == nil && proto.Unmarshal(e.Record, rec) != nil {
+		rec = &inplacedv1.SwapRecord{}
+	}
+	now := time.Now().UnixNano()
+	rec.Id, rec.State, rec.Error, rec.FinishedUnixNano = id, inplacedv1.SwapState_SWAP_STATE_FAILED, why, now
+	if rec.Kind == "" {
+		rec.Kind = "swap"
+	}
+	if rec.StartedUnixNano == 0 {
+		rec.StartedUnixNano = now
+	}
+	return rec
 }
 
 // putHistory stores a history record and trims the bucket.
@@ -287,7 +561,7 @@ func (s *Store) Resizes() ([]*inplacedv1.ResizeRecord, error) {
 // trim keeps the newest historyLimit records. IDs are time-ordered, so the
 // first keys are the oldest.
 func (s *Store) trim(bucket []byte) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucket)
 		n := b.Stats().KeyN
 		c := b.Cursor()
@@ -340,3 +614,6 @@ func (s *Store) Overrides() ([]*Override, error) {
 	})
 	return out, err
 }
+
+// Path is the state file.
+func (s *Store) Path() string { return s.path }

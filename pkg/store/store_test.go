@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,9 +69,10 @@ func TestPersistsAcrossReopen(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir)
 	sb, ctr := sandboxReq("web"), containerReq("sb1", "app")
-	j := &JournalEntry{SwapID: "s1", Step: StepHealthGate, SandboxID: "sb1", ContainerName: "app",
-		OldContainerID: "c1", NewContainerID: "c2", NewAttempt: 3, OldRequest: []byte{1, 2}, NewRequest: []byte{3}, Record: []byte{4}, Kind: "swap"}
 	rec := &inplacedv1.SwapRecord{Id: "s1", State: inplacedv1.SwapState_SWAP_STATE_COMMITTED, StartedUnixNano: 5, Steps: []*inplacedv1.Step{{Name: "pull"}}}
+	j := &JournalEntry{SwapID: "s1", Step: StepHealthGate, SandboxID: "sb1", ContainerName: "app",
+		OldContainerID: "c1", NewContainerID: "c2", NewAttempt: 3, OldRequest: mustMarshal(t, ctr), NewRequest: mustMarshal(t, ctr),
+		Record: mustMarshal(t, rec), Kind: "swap"}
 	o := &Override{SandboxID: "sb1", Container: "app", SwapID: "s1", Hash: "h", Image: "r/app:v2",
 		Env: []KV{{"A", "2"}}, Command: []string{"/x"}, Args: []string{"-v"}, Declared: []byte{9, 9}}
 	rz := &inplacedv1.ResizeRecord{Id: "r1", Result: "applied", StartedUnixNano: 6}
@@ -266,13 +268,41 @@ func TestJournal(t *testing.T) {
 	if js, _ := s.Journal(); len(js) != 1 || js[0].SwapID != "b" {
 		t.Errorf("journal after delete: %v", js)
 	}
-	// A corrupt entry is reported, not skipped.
-	if err := s.put(bucketJournal, "bad", []byte("{")); err != nil {
+	// A corrupt entry is set aside (kept, reported, recorded as a failed
+	// swap); the others are still listed.
+	var told []string
+	s.OnSetAside(func(id string, err error) { told = append(told, id+": "+err.Error()) })
+	for id, v := range map[string][]byte{"bad": []byte("{"), "badproto": []byte(`{"swapID":"badproto","record":"/w=="}`)} {
+		if err := s.put(bucketJournal, id, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if js, err := s.Journal(); err != nil || len(js) != 1 || js[0].SwapID != "b" {
+		t.Errorf("journal with corrupt entries: %v, %v; want entry b alone", js, err)
+	}
+	if len(told) != 2 {
+		t.Errorf("set aside told %q, want 2", told)
+	}
+	for _, id := range []string{"bad", "badproto"} {
+		if rec, err := s.Swap(id); err != nil || rec.State != inplacedv1.SwapState_SWAP_STATE_FAILED || !strings.Contains(rec.Error, "set aside") {
+			t.Errorf("record of set-aside entry %s: %v, %v", id, rec, err)
+		}
+	}
+	if v, err := s.get(BucketSetAside, "bad"); err != nil || string(v) != "{" {
+		t.Errorf("set-aside bytes: %q, %v; want them kept as they were", v, err)
+	}
+	if js, err := s.Journal(); err != nil || len(js) != 1 || len(told) != 2 {
+		t.Errorf("second listing: %v, %v, told %d", js, err, len(told))
+	}
+}
+
+func mustMarshal(t *testing.T, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Journal(); err == nil {
-		t.Error("corrupt journal entry: want an error")
-	}
+	return b
 }
 
 func TestJournalStepsInOrder(t *testing.T) {

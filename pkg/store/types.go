@@ -32,6 +32,18 @@ type JournalEntry struct {
 	Record []byte `json:"record"`
 	// Kind is "swap" or "revert".
 	Kind string `json:"kind"`
+	// Hold is the connection hold of the swap, written before it is
+	// installed: recovery deletes its table where the kernel did not.
+	Hold *JournalHold `json:"hold,omitempty"`
+}
+
+// JournalHold is what recovery needs to remove a connection hold: the
+// pod's network namespace (inplaced's tables there are named
+// inplaced_hold_*) and, for the record, the ports and mode.
+type JournalHold struct {
+	NetNS string   `json:"netns"`
+	Ports []uint16 `json:"ports"`
+	Mode  string   `json:"mode"`
 }
 
 // Override is the sticky result of a committed swap: kubelet's later

@@ -16,6 +16,7 @@ import (
 
 	"github.com/inplaced/inplaced/pkg/fence"
 	"github.com/inplaced/inplaced/pkg/internal/fakecri"
+	"github.com/inplaced/inplaced/pkg/kubeletview"
 	"github.com/inplaced/inplaced/pkg/store"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
@@ -33,7 +34,7 @@ func TestRegistryAuthNeverPersistedOrLogged(t *testing.T) {
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
 	eng, err := New(Options{Runtime: be.RuntimeClient, Images: be.ImageClient, Store: st, Fences: fence.NewRegistry(),
-		Logger: zap.New(core), HealthMinRuntime: 20 * time.Millisecond})
+		Kubelet: kubeletview.New(), Logger: zap.New(core), HealthMinRuntime: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +53,7 @@ func TestRegistryAuthNeverPersistedOrLogged(t *testing.T) {
 		Target: &inplacedv1.Target{Namespace: "default", Pod: "web", Container: "app"},
 		Change: &inplacedv1.Change{Image: &img},
 		Auth:   &inplacedv1.RegistryAuth{Username: "robot", Password: secret, ServerAddress: "registry.local"},
-	}, Caller{})
+	}, Caller{}, Hooks{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,18 +3,40 @@
 // a change (image, env, command, args, resources), inside the same pod
 // sandbox, so the network namespace, IP, volumes and cgroup parent stay.
 //
-// A swap runs these steps; each is journaled (fsync) before it starts:
+// A swap is decided, then done: planFor returns its steps — name, journal
+// step, action, undo — for each kind of swap, and run.execute carries any
+// plan out. Each journaled step is written (fsync) before it starts. The
+// steps of each kind, in brackets those a request adds (drain, post-start),
+// may skip (pre-stop) or the pod and the engine's settings decide (hold:
+// new connections wait for the new process), rendered from the planner
+// (TestDocStepOrder fails when this list and the planner differ):
 //
-//	validate → pull → pre-stop → stop-old → create-new → start-new →
-//	post-start → health-gate → commit | rollback
+//	node-local (inplacectl swap):
+//		pull → create-new → [pre-stop] → [hold] → stop-old → start-new → [post-start] → health-gate → commit
+//	request on the pod (inplaced.io/swap):
+//		pull → create-new → [drain] → [pre-stop] → [hold] → stop-old → start-new → [post-start] → health-gate → commit
+//	env from pod metadata:
+//		pull → create-new → [pre-stop] → [hold] → stop-old → start-new → health-gate → commit
+//	revert (inplacectl revert):
+//		pull → create-new → [pre-stop] → [hold] → stop-old → start-new → [post-start] → health-gate → commit
+//	kubelet-driven (pod spec image):
+//		pull → create-new → [hold] → stop-old → start-new → commit
+//	any failure after stop-old (not kubelet-driven):
+//		rollback
 //
-// Nothing is touched before the pull has succeeded. A failure after the old
-// container was stopped rolls back: the new container is stopped and
-// removed and the old configuration is created again (next attempt) and
-// started. After a crash, Recover reads the journal and converges each
-// unfinished swap: forward when the new container exists and runs, back
-// otherwise. At every point a container name of a pod has a container that
-// kubelet would adopt, or would recreate itself.
+// The new container is created while the old one still runs (containerd
+// starts no process before StartContainer), so creating it is not
+// downtime. Nothing is touched before the pull has succeeded. Each step
+// carries the undo that brings the pod back from where it leaves it: up to
+// stop-old the new container is removed and the old one runs on; a failure
+// after the old container was stopped rolls back: the new container is
+// stopped and removed and the old configuration is created again (next
+// attempt) and started — or, for a kubelet-driven swap, the new container
+// is removed and kubelet's own create follows. After a crash, Recover reads
+// the journal and converges each unfinished swap: forward when the new
+// container exists and runs, back otherwise. At every point a container
+// name of a pod has a container that kubelet would adopt, or would recreate
+// itself.
 //
 // The new container keeps every label and annotation kubelet set — in
 // particular io.kubernetes.container.hash, so kubelet adopts it — with

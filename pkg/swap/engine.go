@@ -12,12 +12,11 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/fence"
+	"github.com/inplaced/inplaced/pkg/kubeletview"
 	"github.com/inplaced/inplaced/pkg/store"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
@@ -41,15 +40,21 @@ type Engine struct {
 	img        runtimeapi.ImageServiceClient
 	store      *store.Store
 	fences     *fence.Registry
+	kubelet    *kubeletview.View
 	log        *zap.Logger
 	minRuntime time.Duration
 	crashAfter string
 	now        func() time.Time
 
-	admit    Admission
-	watchers []func(SwapNews)
-	obs      Observer
-	puller   Puller
+	admit  Admission
+	ready  func() error
+	onSwap func(SwapNews)
+	obs    Observer
+	puller Puller
+
+	holder   Holder
+	holdMode string
+	holdMax  time.Duration
 
 	mu   sync.Mutex
 	runs map[string]*run // running swaps, for WatchSwap
@@ -58,22 +63,44 @@ type Engine struct {
 
 // Options configures an Engine.
 type Options struct {
-	Runtime          runtimeapi.RuntimeServiceClient
-	Images           runtimeapi.ImageServiceClient
-	Store            *store.Store
-	Fences           *fence.Registry
+	Runtime runtimeapi.RuntimeServiceClient
+	Images  runtimeapi.ImageServiceClient
+	Store   *store.Store
+	Fences  *fence.Registry
+	// Kubelet is where a swap presents kubelet another hash for its new
+	// container (Hooks.SpecHash).
+	Kubelet          *kubeletview.View
 	Logger           *zap.Logger
 	HealthMinRuntime time.Duration
 	// Observer (optional) sees swaps, steps and overrides as they happen.
 	Observer Observer
 	// Puller (optional) pulls with progress; default: CRI PullImage.
 	Puller Puller
+	// Holder (optional) keeps new connections from being refused while a
+	// container is swapped; nil holds nothing. ConnectionHold is the
+	// default mode (queue, drop or off; empty: queue) and HoldMax the
+	// default limit (0: DefaultHoldMax); pods override both by annotation.
+	Holder         Holder
+	ConnectionHold string
+	HoldMax        time.Duration
+	// Ready (optional) is checked first at every swap start, before
+	// anything is read or touched (package daemon: the state store must be
+	// usable); its error goes back to the caller as it is.
+	Ready func() error
+	// Admission (optional) checks the pod before every swap.
+	Admission Admission
+	// OnSwap (optional) is told the start and end of every swap (package
+	// kube reports them on the pod); it must not block.
+	OnSwap func(SwapNews)
 }
+
+// DefaultHoldMax is the connection hold's default limit.
+const DefaultHoldMax = 10 * time.Second
 
 // New returns an engine.
 func New(o Options) (*Engine, error) {
-	if o.Runtime == nil || o.Images == nil || o.Store == nil || o.Fences == nil {
-		return nil, errors.New("swap.New: runtime, images, store and fences are required")
+	if o.Runtime == nil || o.Images == nil || o.Store == nil || o.Fences == nil || o.Kubelet == nil {
+		return nil, errors.New("swap.New: runtime, images, store, fences and the kubelet view are required")
 	}
 	log := o.Logger
 	if log == nil {
@@ -83,10 +110,25 @@ func New(o Options) (*Engine, error) {
 	if obs == nil {
 		obs = nopObserver{}
 	}
+	mode, holdMax := o.ConnectionHold, o.HoldMax
+	if mode == "" {
+		mode = HoldQueue
+	}
+	if mode != HoldQueue && mode != HoldDrop && mode != HoldOff {
+		return nil, fmt.Errorf("swap.New: connection hold %q: use queue, drop or off", mode)
+	}
+	if holdMax == 0 {
+		holdMax = DefaultHoldMax
+	}
+	if holdMax < 0 || holdMax > maxHoldMax {
+		return nil, fmt.Errorf("swap.New: hold max %s: give a duration above 0 and up to %s", holdMax, maxHoldMax)
+	}
 	return &Engine{
-		rt: o.Runtime, img: o.Images, store: o.Store, fences: o.Fences, log: log,
+		rt: o.Runtime, img: o.Images, store: o.Store, fences: o.Fences, kubelet: o.Kubelet, log: log,
 		minRuntime: o.HealthMinRuntime, crashAfter: os.Getenv(CrashAfterEnv),
 		now: time.Now, runs: map[string]*run{}, obs: obs, puller: o.Puller,
+		holder: o.Holder, holdMode: mode, holdMax: holdMax,
+		ready: o.Ready, admit: o.Admission, onSwap: o.OnSwap,
 	}, nil
 }
 
@@ -101,23 +143,23 @@ type SwapNews struct {
 	Record *inplacedv1.SwapRecord
 }
 
-// OnSwap registers f for the start and end of every swap (package kube
-// reports them on the pod); f must not block. Call it before serving.
-func (e *Engine) OnSwap(f func(SwapNews)) { e.watchers = append(e.watchers, f) }
-
 func (e *Engine) tell(ended bool, rec *inplacedv1.SwapRecord) {
 	if ended {
 		e.obs.SwapEnded(rec)
 	} else {
 		e.obs.SwapStarted(rec)
 	}
-	for _, f := range e.watchers {
-		f(SwapNews{Ended: ended, Record: proto.Clone(rec).(*inplacedv1.SwapRecord)})
+	if e.onSwap != nil {
+		e.onSwap(SwapNews{Ended: ended, Record: proto.Clone(rec).(*inplacedv1.SwapRecord)})
 	}
 }
 
-// SetAdmission installs the check; call it before serving.
-func (e *Engine) SetAdmission(a Admission) { e.admit = a }
+func (e *Engine) checkReady() error {
+	if e.ready == nil {
+		return nil
+	}
+	return e.ready()
+}
 
 // admission runs the check for a resolved target.
 func (e *Engine) admission(ctx context.Context, t *target) (string, error) {
@@ -149,14 +191,6 @@ func (e *Engine) Running() []*inplacedv1.SwapRecord {
 // Wait blocks until every running swap has ended (used on shutdown).
 func (e *Engine) Wait() { e.wg.Wait() }
 
-// Start validates a swap request, resolves its target and takes the fence
-// synchronously — so the caller gets InvalidArgument, NotFound or
-// FailedPrecondition at once and nothing is touched — then runs the swap in
-// the background. It returns a subscription to the swap's events.
-func (e *Engine) Start(ctx context.Context, req *inplacedv1.SwapRequest, caller Caller) (*Subscription, error) {
-	return e.start(ctx, req, caller, "swap", nil)
-}
-
 // Hooks are a caller's steps inside a swap.
 type Hooks struct {
 	// BeforeStop runs (as step "drain") after the new container was created
@@ -170,37 +204,36 @@ type Hooks struct {
 	SpecHash string
 }
 
-// StartWithHooks is Start with hooks.
-func (e *Engine) StartWithHooks(ctx context.Context, req *inplacedv1.SwapRequest, caller Caller, h Hooks) (*Subscription, error) {
-	return e.startHooked(ctx, req, caller, "swap", nil, h)
-}
-
-func (e *Engine) start(ctx context.Context, req *inplacedv1.SwapRequest, caller Caller, kind string,
-	override func(*target) (*inplacedv1.Change, error)) (*Subscription, error) {
-	return e.startHooked(ctx, req, caller, kind, override, Hooks{})
-}
-
-func (e *Engine) startHooked(ctx context.Context, req *inplacedv1.SwapRequest, caller Caller, kind string,
-	override func(*target) (*inplacedv1.Change, error), hooks Hooks) (*Subscription, error) {
+// Start validates a swap request, resolves its target and takes the fence
+// synchronously — so the caller gets InvalidArgument, NotFound or
+// FailedPrecondition at once and nothing is touched — then runs the swap in
+// the background. It returns a subscription to the swap's events. hooks
+// are the caller's steps inside the swap (none for inplacectl swap).
+func (e *Engine) Start(ctx context.Context, req *inplacedv1.SwapRequest, caller Caller, hooks Hooks) (*Subscription, error) {
+	if err := e.checkReady(); err != nil {
+		return nil, err
+	}
 	change := req.GetChange()
 	if change == nil {
 		change = &inplacedv1.Change{}
 	}
 	if err := checkImmutable(change); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "%v", err)
+		return nil, invalidf("%v", err)
 	}
-	if override == nil && isEmpty(change) {
-		return nil, status.Error(codes.InvalidArgument, "the change is empty: give --image, --env, --unset-env, --command or --args")
+	if isEmpty(change) {
+		return nil, invalidf("the change is empty: give --image, --env, --unset-env, --command or --args")
 	}
 	t, err := e.resolve(ctx, req.GetTarget())
 	if err != nil {
 		return nil, err
 	}
-	if override != nil {
-		if change, err = override(t); err != nil {
-			return nil, err
-		}
-	}
+	return e.begin(ctx, t, KindSwap, change, req, caller, hooks)
+}
+
+// begin runs the admission check, takes the fence and launches the swap of
+// a resolved target.
+func (e *Engine) begin(ctx context.Context, t *target, kind string, change *inplacedv1.Change, req *inplacedv1.SwapRequest,
+	caller Caller, hooks Hooks) (*Subscription, error) {
 	warning, err := e.admission(ctx, t)
 	if err != nil {
 		return nil, err
@@ -208,7 +241,7 @@ func (e *Engine) startHooked(ctx context.Context, req *inplacedv1.SwapRequest, c
 	id := newID(e.now())
 	f, swapCtx, err := e.fences.Acquire(context.Background(), fence.Key{SandboxID: t.container.PodSandboxId, Name: t.name}, id, t.container.Id)
 	if err != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "%v: wait for it to end (inplacectl swaps)", err)
+		return nil, refusedf("%v: wait for it to end (inplacectl swaps)", err)
 	}
 	r := newRun(e, id, kind, t, change, req.GetOptions(), req.GetAuth(), caller, f)
 	r.hooks = hooks
@@ -248,7 +281,7 @@ func (e *Engine) Watch(id string) (*Subscription, *inplacedv1.SwapRecord, error)
 	}
 	rec, err := e.store.Swap(id)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, nil, status.Errorf(codes.NotFound, "no swap %q", id)
+		return nil, nil, notFoundf("no swap %q", id)
 	}
 	return nil, rec, err
 }

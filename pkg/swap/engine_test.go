@@ -17,6 +17,7 @@ import (
 
 	"github.com/inplaced/inplaced/pkg/fence"
 	"github.com/inplaced/inplaced/pkg/internal/fakecri"
+	"github.com/inplaced/inplaced/pkg/kubeletview"
 	"github.com/inplaced/inplaced/pkg/store"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
@@ -27,6 +28,7 @@ type env struct {
 	be     *fakecri.Backend
 	st     *store.Store
 	fences *fence.Registry
+	view   *kubeletview.View
 	eng    *Engine
 	pod    *runtimeapi.PodSandboxConfig
 	sbID   string
@@ -45,14 +47,14 @@ func newEnv(t *testing.T) *env {
 	}
 	be := fakecri.Start(t)
 	st := openStore(t)
-	fences := fence.NewRegistry()
-	eng, err := New(Options{Runtime: be.RuntimeClient, Images: be.ImageClient, Store: st, Fences: fences,
+	fences, view := fence.NewRegistry(), kubeletview.New()
+	eng, err := New(Options{Runtime: be.RuntimeClient, Images: be.ImageClient, Store: st, Fences: fences, Kubelet: view,
 		Logger: zaptest.NewLogger(t), HealthMinRuntime: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(eng.Wait) // before the store closes and the logger goes
-	e := &env{be: be, st: st, fences: fences, eng: eng, pod: fakecri.PodConfig("default", "web", "uid-web")}
+	e := &env{be: be, st: st, fences: fences, view: view, eng: eng, pod: fakecri.PodConfig("default", "web", "uid-web")}
 	resp, err := be.RuntimeClient.RunPodSandbox(context.Background(), &runtimeapi.RunPodSandboxRequest{Config: e.pod})
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +96,7 @@ func (e *env) start(change *inplacedv1.Change, opts *inplacedv1.SwapOptions) (*S
 	return e.eng.Start(context.Background(), &inplacedv1.SwapRequest{
 		Target: &inplacedv1.Target{Namespace: "default", Pod: "web", Container: "app"},
 		Change: change, Options: opts,
-	}, Caller{UID: 1000, PID: 42})
+	}, Caller{UID: 1000, PID: 42}, Hooks{})
 }
 
 // events reads a subscription.
@@ -220,6 +222,9 @@ func TestSwapCommits(t *testing.T) {
 	}
 	if rec.DowntimeNs <= 0 {
 		t.Errorf("downtime = %d, want > 0", rec.DowntimeNs)
+	}
+	if !rec.SandboxKept {
+		t.Error("sandbox_kept = false for a swap in a sandbox that stayed ready")
 	}
 	if rec.OldContainerId != oldID || rec.NewContainerId == "" || rec.NewContainerId == oldID || rec.RunningContainerId != rec.NewContainerId {
 		t.Errorf("old %q new %q running %q", rec.OldContainerId, rec.NewContainerId, rec.RunningContainerId)
@@ -408,8 +413,8 @@ func TestSwapRefusedWhileOneRuns(t *testing.T) {
 	ev.until(StepHealthGate, "started")
 
 	_, err = e.start(&inplacedv1.Change{SetEnv: map[string]string{"MODE": "second"}}, nil)
-	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), fence.ErrBusy.Error()) {
-		t.Fatalf("second swap: %v, want FailedPrecondition saying a swap is running", err)
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), fence.ErrBusy.Error()) {
+		t.Fatalf("second swap: %v, want a refusal saying a swap is running", err)
 	}
 
 	if rec := ev.end(); rec.State != inplacedv1.SwapState_SWAP_STATE_COMMITTED {
@@ -524,27 +529,27 @@ func TestStartRefusesBeforeTouching(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		req    *inplacedv1.SwapRequest
-		code   codes.Code
+		kind   error
 		substr string
 	}{
-		{"immutable field", &inplacedv1.SwapRequest{Target: &inplacedv1.Target{ContainerId: oldID}, Change: &inplacedv1.Change{Mounts: []string{"/a:/b"}}}, codes.InvalidArgument, "mounts"},
-		{"empty change", &inplacedv1.SwapRequest{Target: &inplacedv1.Target{ContainerId: oldID}}, codes.InvalidArgument, "empty"},
-		{"no target", &inplacedv1.SwapRequest{Change: &inplacedv1.Change{Image: strp("x:1")}}, codes.InvalidArgument, "no target"},
-		{"unknown pod", &inplacedv1.SwapRequest{Target: &inplacedv1.Target{Pod: "nope", Container: "app"}, Change: &inplacedv1.Change{Image: strp("x:1")}}, codes.NotFound, "nope"},
-		{"unknown id", &inplacedv1.SwapRequest{Target: &inplacedv1.Target{ContainerId: "zzz"}, Change: &inplacedv1.Change{Image: strp("x:1")}}, codes.NotFound, "zzz"},
+		{"immutable field", &inplacedv1.SwapRequest{Target: &inplacedv1.Target{ContainerId: oldID}, Change: &inplacedv1.Change{Mounts: []string{"/a:/b"}}}, ErrInvalid, "mounts"},
+		{"empty change", &inplacedv1.SwapRequest{Target: &inplacedv1.Target{ContainerId: oldID}}, ErrInvalid, "empty"},
+		{"no target", &inplacedv1.SwapRequest{Change: &inplacedv1.Change{Image: strp("x:1")}}, ErrInvalid, "no target"},
+		{"unknown pod", &inplacedv1.SwapRequest{Target: &inplacedv1.Target{Pod: "nope", Container: "app"}, Change: &inplacedv1.Change{Image: strp("x:1")}}, ErrNotFound, "nope"},
+		{"unknown id", &inplacedv1.SwapRequest{Target: &inplacedv1.Target{ContainerId: "zzz"}, Change: &inplacedv1.Change{Image: strp("x:1")}}, ErrNotFound, "zzz"},
 	} {
-		_, err := e.eng.Start(context.Background(), tc.req, Caller{})
-		if status.Code(err) != tc.code || !strings.Contains(err.Error(), tc.substr) {
-			t.Errorf("%s: %v, want %s mentioning %q", tc.name, err, tc.code, tc.substr)
+		_, err := e.eng.Start(context.Background(), tc.req, Caller{}, Hooks{})
+		if !errors.Is(err, tc.kind) || !strings.Contains(err.Error(), tc.substr) {
+			t.Errorf("%s: %v, want %v mentioning %q", tc.name, err, tc.kind, tc.substr)
 		}
 	}
 	// Not running.
 	if _, err := e.be.RuntimeClient.StopContainer(context.Background(), &runtimeapi.StopContainerRequest{ContainerId: oldID}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := e.eng.Start(context.Background(), &inplacedv1.SwapRequest{Target: &inplacedv1.Target{ContainerId: oldID}, Change: &inplacedv1.Change{Image: strp("x:1")}}, Caller{})
-	if status.Code(err) != codes.FailedPrecondition {
-		t.Errorf("stopped container: %v, want FailedPrecondition", err)
+	_, err := e.eng.Start(context.Background(), &inplacedv1.SwapRequest{Target: &inplacedv1.Target{ContainerId: oldID}, Change: &inplacedv1.Change{Image: strp("x:1")}}, Caller{}, Hooks{})
+	if !errors.Is(err, ErrRefused) {
+		t.Errorf("stopped container: %v, want a refusal", err)
 	}
 	if e.count("CreateContainer") != 1 || e.fences.Active() {
 		t.Errorf("a refused request touched the backend or the fences: %v", e.be.Calls())

@@ -15,10 +15,6 @@ import (
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
-// KindKubelet is the record kind of a swap that kubelet's own restart of a
-// container for a changed pod spec image was turned into.
-const KindKubelet = "kubelet"
-
 // CallerKubelet describes who asked for a kubelet-driven swap.
 const CallerKubelet = "kubelet (pod spec)"
 
@@ -36,6 +32,9 @@ type KubeletChange struct {
 	// Auths are the credentials to try for the pull, in order (from the
 	// pod's imagePullSecrets); none means an anonymous pull.
 	Auths []*inplacedv1.RegistryAuth
+	// ExplainPull (optional) wraps a failed pull's error with what the
+	// failure means for kubelet's stop, for the record and its Event.
+	ExplainPull func(error) error
 }
 
 // KubeletResult is how a kubelet-driven swap ended, for kubelet's held
@@ -116,7 +115,10 @@ func (p *Prepared) Proceed(ctx context.Context, stopTimeout int64) (KubeletResul
 // whatever happens to ctx.
 func (e *Engine) Prepare(ctx context.Context, c KubeletChange) (*Prepared, error) {
 	if c.Image == "" || c.Hash == "" || c.ContainerID == "" {
-		return nil, status.Error(codes.InvalidArgument, "swap.Prepare: container ID, image and hash are required")
+		return nil, invalidf("swap.Prepare: container ID, image and hash are required")
+	}
+	if err := e.checkReady(); err != nil {
+		return nil, err
 	}
 	t, err := e.resolve(ctx, &inplacedv1.Target{ContainerId: c.ContainerID})
 	if err != nil {
@@ -136,7 +138,7 @@ func (e *Engine) Prepare(ctx context.Context, c KubeletChange) (*Prepared, error
 	r.admitted(warning)
 	runCtx, cancel := context.WithCancelCause(context.Background())
 	p := &Prepared{r: r, pulled: make(chan struct{}), proceed: make(chan int64, 1), done: make(chan struct{}), cancel: cancel}
-	r.kube = &kubeletRun{prepared: p, hash: c.Hash, base: base, hadOverride: hadOverride, auths: c.Auths, parent: ctx}
+	r.kube = &kubeletRun{prepared: p, hash: c.Hash, base: base, hadOverride: hadOverride, auths: c.Auths, explain: c.ExplainPull, parent: ctx}
 	r.snapshot()
 	e.launch(runCtx, r, p.done)
 	return p, nil
@@ -149,6 +151,7 @@ type kubeletRun struct {
 	base        *runtimeapi.ContainerConfig // kubelet's declared config
 	hadOverride bool
 	auths       []*inplacedv1.RegistryAuth
+	explain     func(error) error
 	parent      context.Context
 	stopTimeout int64
 }
@@ -172,6 +175,14 @@ func (e *Engine) declared(t *target) (*runtimeapi.ContainerConfig, bool) {
 // pullWithAuths tries each credential in turn, as kubelet does with a pod's
 // pull secrets, then anonymously when there are none.
 func (r *run) pullWithAuths(ctx context.Context) (imageRef, userImage string, err error) {
+	imageRef, userImage, err = r.pullEach(ctx)
+	if err != nil && r.kube.explain != nil {
+		err = r.kube.explain(err)
+	}
+	return imageRef, userImage, err
+}
+
+func (r *run) pullEach(ctx context.Context) (imageRef, userImage string, err error) {
 	auths := r.kube.auths
 	if len(auths) == 0 {
 		return r.pull(ctx)
@@ -192,29 +203,21 @@ func (r *run) pullWithAuths(ctx context.Context) (imageRef, userImage string, er
 	return "", "", errors.Join(errs...)
 }
 
-// awaitProceed signals the pull's end and waits for kubelet's StopContainer.
-// It returns false when the swap ends here: pull failed, cancelled, or the
-// daemon stops.
-func (r *run) awaitProceed(ctx context.Context, pullErr error) bool {
-	p := r.kube.prepared
-	p.pullErr = pullErr
-	close(p.pulled)
-	if pullErr != nil {
-		return false
-	}
+// awaitProceed waits for kubelet's StopContainer. The swap ends here
+// (nothing touched) when it is cancelled or the daemon stops.
+func (r *run) awaitProceed(ctx context.Context) error {
 	r.emit(StepPull, "image on the node; waiting for kubelet's StopContainer")
+	var err error
 	select {
-	case t := <-p.proceed:
+	case t := <-r.kube.prepared.proceed:
 		r.kube.stopTimeout = t
-		return true
+		return nil
 	case <-ctx.Done():
-		r.finish(fence.Outcome{RunningID: r.t.container.Id}, inplacedv1.SwapState_SWAP_STATE_ABORTED,
-			fmt.Errorf("not carried out: %w; the old container runs on", context.Cause(ctx)))
+		err = fmt.Errorf("not carried out: %w; the old container runs on", context.Cause(ctx))
 	case <-r.kube.parent.Done():
-		r.finish(fence.Outcome{RunningID: r.t.container.Id}, inplacedv1.SwapState_SWAP_STATE_ABORTED,
-			errors.New("not carried out: inplaced is stopping; the old container runs on"))
+		err = errors.New("not carried out: inplaced is stopping; the old container runs on")
 	}
-	return false
+	return &ended{state: inplacedv1.SwapState_SWAP_STATE_ABORTED, step: err, err: err}
 }
 
 // kubeletConfig is the new container's config: kubelet's declared config

@@ -62,6 +62,7 @@ func (e *Engine) recoverOne(ctx context.Context, j *store.JournalEntry) error {
 	}
 	log := e.log.With(zap.String("swap_id", j.SwapID), zap.String("sandbox_id", j.SandboxID),
 		zap.String("container", j.ContainerName), zap.String("journal_step", string(j.Step)))
+	e.recoverHold(j, rec, log)
 	finish := func(state inplacedv1.SwapState, running, msg string) error {
 		rec.State = state
 		rec.RunningContainerId = running
@@ -115,7 +116,11 @@ func (e *Engine) recoverOne(ctx context.Context, j *store.JournalEntry) error {
 			_ = e.store.PutContainer(newC.Id, newReq)
 			r := &run{e: e, rec: rec, oldReq: oldReq, newReq: newReq,
 				t: &target{container: &runtimeapi.Container{Id: j.OldContainerID, PodSandboxId: j.SandboxID, Labels: oldReq.Config.GetLabels()}, name: j.ContainerName}}
-			if err := r.commit(newC.Id); err != nil {
+			commit := r.commit
+			if rec.Kind == KindRevert {
+				commit = r.dropOverride
+			}
+			if err := commit(); err != nil {
 				log.Error("write override after roll-forward", zap.Error(err))
 			}
 		}

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sort"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -18,24 +16,38 @@ import (
 // Revert drops a container's sticky override and swaps back to the
 // configuration kubelet declared.
 func (e *Engine) Revert(ctx context.Context, req *inplacedv1.RevertRequest, caller Caller) (*Subscription, error) {
-	return e.start(ctx, &inplacedv1.SwapRequest{Target: req.GetTarget(), Options: req.GetOptions()}, caller, "revert",
-		func(t *target) (*inplacedv1.Change, error) {
-			o, err := e.store.Override(t.container.PodSandboxId, t.name)
-			if errors.Is(err, store.ErrNotFound) {
-				return nil, status.Errorf(codes.FailedPrecondition, "container %q of pod %s/%s has no override: it already runs what kubelet declared",
-					t.name, t.container.Labels[LabelPodNamespace], t.container.Labels[LabelPodName])
-			}
-			if err != nil {
-				return nil, err
-			}
-			declared := &runtimeapi.CreateContainerRequest{}
-			if err := proto.Unmarshal(o.Declared, declared); err != nil || declared.Config == nil {
-				return nil, status.Errorf(codes.FailedPrecondition, "override of %q has no declared config to go back to: recreate the pod", t.name)
-			}
-			c := declaredChange(declared.Config)
-			replaceEnv(t.request.Config, c)
-			return c, nil
-		})
+	if err := e.checkReady(); err != nil {
+		return nil, err
+	}
+	t, err := e.resolve(ctx, req.GetTarget())
+	if err != nil {
+		return nil, err
+	}
+	change, err := e.revertChange(t)
+	if err != nil {
+		return nil, err
+	}
+	return e.begin(ctx, t, KindRevert, change, &inplacedv1.SwapRequest{Options: req.GetOptions()}, caller, Hooks{})
+}
+
+// revertChange is the change back to what kubelet declared for t, kept with
+// its override.
+func (e *Engine) revertChange(t *target) (*inplacedv1.Change, error) {
+	o, err := e.store.Override(t.container.PodSandboxId, t.name)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, refusedf("container %q of pod %s/%s has no override: it already runs what kubelet declared",
+			t.name, t.container.Labels[LabelPodNamespace], t.container.Labels[LabelPodName])
+	}
+	if err != nil {
+		return nil, err
+	}
+	declared := &runtimeapi.CreateContainerRequest{}
+	if err := proto.Unmarshal(o.Declared, declared); err != nil || declared.Config == nil {
+		return nil, refusedf("override of %q has no declared config to go back to: recreate the pod", t.name)
+	}
+	c := declaredChange(declared.Config)
+	replaceEnv(t.request.Config, c)
+	return c, nil
 }
 
 // declaredChange is the change that turns any swapped config back into cfg.

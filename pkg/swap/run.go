@@ -17,20 +17,6 @@ import (
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
-// Step names, as shown to users and accepted by the crash test switch.
-const (
-	StepPull       = "pull"
-	StepDrain      = "drain"
-	StepPreStop    = "pre-stop"
-	StepStopOld    = "stop-old"
-	StepCreateNew  = "create-new"
-	StepStartNew   = "start-new"
-	StepPostStart  = "post-start"
-	StepHealthGate = "health-gate"
-	StepCommit     = "commit"
-	StepRollback   = "rollback"
-)
-
 // cleanupTimeout bounds the undo work, which runs on a fresh context so that
 // an aborted swap still cleans up after itself.
 const cleanupTimeout = 2 * time.Minute
@@ -53,6 +39,21 @@ type run struct {
 	kube    *kubeletRun // set for a kubelet-driven swap
 	hooks   Hooks
 	endErr  error
+	// hold is what the swap does about new connections (connectionHold);
+	// holdDone delivers the hold's result (nil: no hold).
+	hold     holdPlan
+	holdDone chan HoldResult
+
+	// The execution's state, owned by the run's goroutine (exec.go): the
+	// context (the fence's once it is taken), how the fence is released,
+	// and what the steps so far produced.
+	ctx                 context.Context
+	out                 fence.Outcome
+	imageRef, userImage string
+	newID, rollbackID   string
+	stopped             bool // the old container was stopped
+	preStopStart        time.Time
+	downStart           time.Time
 
 	// shown is a copy of rec for listings while the swap runs (rec itself
 	// belongs to the run's goroutine); running is the step under way.
@@ -74,7 +75,7 @@ func newRun(e *Engine, id, kind string, t *target, change *inplacedv1.Change, op
 	r.rec = &inplacedv1.SwapRecord{
 		Id: id, Kind: kind,
 		Namespace: c.Labels[LabelPodNamespace], Pod: c.Labels[LabelPodName], Container: t.name,
-		SandboxId: c.PodSandboxId, OldContainerId: c.Id, RunningContainerId: c.Id,
+		SandboxId: c.PodSandboxId, OldContainerId: c.Id, RunningContainerId: c.Id, RuntimeHandler: t.identity.handler,
 		From:   summary(t.request.Config),
 		Caller: &inplacedv1.Caller{Uid: caller.UID, Pid: caller.PID, Exe: caller.Exe, Description: caller.Description},
 		State:  inplacedv1.SwapState_SWAP_STATE_RUNNING, StartedUnixNano: now.UnixNano(),
@@ -154,199 +155,6 @@ func (r *run) step(name string, js store.JournalStep, fn func() error) error {
 		r.e.maybeCrash(name)
 	}
 	return err
-}
-
-// execute runs the swap to its end. It never returns with the container
-// name left without a container unless the rollback itself failed, which
-// it reports as ROLLBACK_FAILED after leaving things as kubelet would
-// recreate them.
-func (r *run) execute(ctx context.Context) {
-	out := fence.Outcome{RunningID: r.t.container.Id}
-	stopped := false
-	defer func() {
-		if r.fence != nil {
-			if r.kube == nil {
-				r.fence.LingerOnRelease()
-			}
-			r.e.fences.Release(r.fence, out)
-		}
-		if r.kube != nil {
-			r.kubeletResult(out, stopped, r.endErr)
-		}
-		r.bc.close()
-	}()
-	r.log.Info("swap started", zap.String("kind", r.rec.Kind))
-	r.e.tell(false, r.rec)
-
-	var imageRef, userImage string
-	pullJournal := store.StepPrepared
-	pull := r.pull
-	if r.kube != nil {
-		// Nothing is touched until kubelet's StopContainer: no journal.
-		pullJournal, pull = "", r.pullWithAuths
-	}
-	err := r.step(StepPull, pullJournal, func() (err error) {
-		imageRef, userImage, err = pull(ctx)
-		return err
-	})
-	if err != nil {
-		if r.kube != nil {
-			r.awaitProceed(ctx, err)
-			if ctx.Err() != nil {
-				r.finish(out, inplacedv1.SwapState_SWAP_STATE_ABORTED, fmt.Errorf("not carried out (%w) while pulling; the old container runs on", context.Cause(ctx)))
-				return
-			}
-		}
-		r.finish(out, inplacedv1.SwapState_SWAP_STATE_FAILED, fmt.Errorf("pull failed, old container untouched: %w", err))
-		return
-	}
-	r.rec.ImageRef = imageRef
-	newCfg := applyChange(r.oldReq.Config, r.change, imageRef, userImage)
-	if r.kube != nil {
-		if !r.awaitProceed(ctx, nil) {
-			return
-		}
-		// From here the swap runs to its end: only a pod removal or
-		// kubelet's own calls (through the fence) can abort it.
-		f, fctx, err := r.e.fences.Acquire(context.Background(), fence.Key{SandboxID: r.t.container.PodSandboxId, Name: r.t.name}, r.rec.Id, r.t.container.Id)
-		if err != nil {
-			r.finish(out, inplacedv1.SwapState_SWAP_STATE_ABORTED, fmt.Errorf("not carried out: %w; kubelet's stop goes ahead", err))
-			return
-		}
-		r.fence, ctx = f, fctx
-		if err := r.journal(store.StepPrepared); err != nil {
-			r.finish(out, inplacedv1.SwapState_SWAP_STATE_FAILED, err)
-			return
-		}
-		newCfg = r.kubeletConfig(imageRef, userImage)
-	}
-	if h := r.hooks.SpecHash; h != "" && r.kube == nil {
-		if newCfg.Annotations == nil {
-			newCfg.Annotations = map[string]string{}
-		}
-		newCfg.Annotations[AnnotationHash] = h // newCfg is applyChange's copy
-	}
-	r.j.NewAttempt = nextAttempt(newCfg, r.oldReq.Config)
-	r.newReq = &runtimeapi.CreateContainerRequest{PodSandboxId: r.oldReq.PodSandboxId, Config: newCfg, SandboxConfig: r.oldReq.SandboxConfig}
-	r.j.NewRequest, _ = proto.Marshal(r.newReq)
-	r.rec.To = summary(newCfg)
-
-	// From here kubelet sees none of the swap's containers until the new
-	// one has proved itself (or the rollback container runs); from the stop
-	// on it sees the old container as it was.
-	r.fence.MaskNew(r.e.fences, r.t.status, r.t.container)
-
-	// The new container is created while the old one still runs: creating
-	// it (snapshot, spec) is work that need not be downtime. containerd
-	// starts no process before StartContainer.
-	var newID string
-	err = r.step(StepCreateNew, store.StepCreateNew, func() error {
-		resp, err := runToEnd(ctx, func(ctx context.Context) (*runtimeapi.CreateContainerResponse, error) {
-			return r.e.rt.CreateContainer(ctx, r.newReq)
-		})
-		if err != nil {
-			return err
-		}
-		newID = resp.ContainerId
-		r.fence.Hide(r.e.fences, newID)
-		if r.hooks.SpecHash != "" && r.kube == nil {
-			r.e.fences.PresentHash(newID, r.oldReq.Config.GetAnnotations()[AnnotationHash])
-		}
-		r.rec.NewContainerId = newID
-		r.j.NewContainerID = newID
-		if err := r.e.store.PutContainer(newID, r.newReq); err != nil {
-			return err
-		}
-		if r.change.Image != nil {
-			r.flushPulled()
-		}
-		return nil
-	})
-	if err != nil {
-		r.abandon(ctx, &out, newID, fmt.Errorf("create new container: %w", err))
-		return
-	}
-
-	if h := r.hooks.BeforeStop; h != nil {
-		_ = r.step(StepDrain, "", func() error { return h(ctx) })
-	}
-	grace := r.gracePeriod()
-	preStopStart := r.e.now()
-	if !r.opts.GetSkipPreStop() {
-		// kubelet goes on with the stop when preStop fails; so do we.
-		_ = r.step(StepPreStop, store.StepPreStop, func() error { return r.preStop(ctx, grace) })
-	}
-	if ctx.Err() != nil {
-		r.abandon(ctx, &out, newID, errors.New("aborted before the old container was stopped"))
-		return
-	}
-
-	r.fence.Mask(r.e.fences, r.t.status, r.t.container)
-	err = r.step(StepStopOld, store.StepStopOld, func() error {
-		timeout := stopTimeout(grace, r.e.now().Sub(preStopStart))
-		if r.kube != nil {
-			timeout = r.kube.stopTimeout // kubelet already ran preStop and took its time off
-		}
-		_, err := runToEnd(ctx, func(ctx context.Context) (*runtimeapi.StopContainerResponse, error) {
-			return r.e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: r.t.container.Id, Timeout: timeout})
-		})
-		return err
-	})
-	stopped = err == nil
-	// Downtime as the issue defines it: old container stopped → new
-	// container running. The stop itself (the app's own graceful shutdown)
-	// is in the stop-old step's timing.
-	downStart := r.e.now()
-	if err != nil {
-		r.fail(ctx, &out, newID, fmt.Errorf("stop old container: %w", err))
-		return
-	}
-	if ctx.Err() != nil {
-		r.fail(ctx, &out, newID, errors.New("aborted after the old container was stopped"))
-		return
-	}
-	err = r.step(StepStartNew, store.StepStartNew, func() error {
-		_, err := runToEnd(ctx, func(ctx context.Context) (*runtimeapi.StartContainerResponse, error) {
-			return r.e.rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: newID})
-		})
-		return err
-	})
-	r.rec.DowntimeNs = int64(r.e.now().Sub(downStart))
-	if err != nil {
-		r.fail(ctx, &out, newID, fmt.Errorf("start new container: %w", err))
-		return
-	}
-	if ctx.Err() != nil {
-		r.fail(ctx, &out, newID, errors.New("aborted while the new container was starting"))
-		return
-	}
-	if h := r.opts.GetPostStart(); h != nil {
-		if err := r.step(StepPostStart, "", func() error { return r.runHandler(ctx, newID, h, grace) }); err != nil {
-			r.fail(ctx, &out, newID, fmt.Errorf("postStart hook: %w", err))
-			return
-		}
-	}
-	// A kubelet-driven swap is not health-gated here: the spec declares the
-	// new image, so kubelet's probes and restart policy govern it, and
-	// rolling back to an image the spec no longer names would fight kubelet.
-	if r.kube == nil {
-		if err := r.step(StepHealthGate, store.StepHealthGate, func() error { return r.healthGate(ctx, newID) }); err != nil {
-			r.fail(ctx, &out, newID, fmt.Errorf("health gate: %w", err))
-			return
-		}
-	}
-	commit := r.commit
-	if r.kube != nil {
-		commit = func(string) error { return r.kubeletCommit() }
-	}
-	if err := r.step(StepCommit, "", func() error { return commit(newID) }); err != nil {
-		// The new container runs and kubelet will adopt it; only the sticky
-		// override could not be written.
-		r.log.Error("commit bookkeeping failed", zap.Error(err))
-	}
-	out = fence.Outcome{RunningID: newID, Committed: true}
-	r.rec.RunningContainerId = newID
-	r.finish(out, inplacedv1.SwapState_SWAP_STATE_COMMITTED, nil)
 }
 
 // flushPulled writes back what the pull and the create left dirty in the
@@ -443,17 +251,20 @@ func progressText(p *inplacedv1.PullProgress) string {
 		float64(p.BytesTotal)/(1<<20), p.LayersDone, p.LayersTotal, float64(p.BytesPerSecond)/(1<<20))
 }
 
+// dropOverride commits a revert: kubelet's declared config runs again, so
+// the sticky override goes.
+func (r *run) dropOverride() error {
+	if err := r.e.store.DeleteOverride(r.t.container.PodSandboxId, r.t.name); err != nil {
+		return err
+	}
+	r.e.obs.OverrideChanged(r.rec, false)
+	return nil
+}
+
 // commit makes the swap sticky: kubelet's next CreateContainer for this
 // name gets the swapped config (see package intercept).
-func (r *run) commit(newID string) error {
+func (r *run) commit() error {
 	c := r.t.container
-	if r.rec.Kind == "revert" {
-		if err := r.e.store.DeleteOverride(c.PodSandboxId, r.t.name); err != nil {
-			return err
-		}
-		r.e.obs.OverrideChanged(r.rec, false)
-		return nil
-	}
 	cfg := r.newReq.Config
 	o := &store.Override{
 		SandboxID: c.PodSandboxId, Namespace: c.Labels[LabelPodNamespace], Pod: c.Labels[LabelPodName],
@@ -479,74 +290,6 @@ func (r *run) commit(newID string) error {
 	return nil
 }
 
-// abandon ends a swap that never stopped the old container: the new
-// container (if created) goes, the old one runs on untouched.
-func (r *run) abandon(ctx context.Context, out *fence.Outcome, newID string, cause error) {
-	cctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-	defer cancel()
-	if newID != "" {
-		r.removeContainer(cctx, newID)
-	}
-	state := inplacedv1.SwapState_SWAP_STATE_FAILED
-	if ctx.Err() != nil {
-		state = inplacedv1.SwapState_SWAP_STATE_ABORTED
-		cause = fmt.Errorf("%v: %w", cause, context.Cause(ctx))
-	}
-	r.finish(*out, state, fmt.Errorf("%w; the old container was not stopped and runs on", cause))
-}
-
-// fail undoes a swap that got past stopping the old container. An abort
-// (pod removed, kubelet stopped the container) cleans up and lets kubelet's
-// intent win; anything else rolls back to the old configuration.
-func (r *run) fail(ctx context.Context, out *fence.Outcome, newID string, cause error) {
-	cctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-	defer cancel()
-	if ctx.Err() != nil {
-		if newID != "" {
-			r.removeContainer(cctx, newID)
-		}
-		*out = fence.Outcome{}
-		r.rec.RunningContainerId = "" // the old container was stopped; kubelet decides what runs next
-		r.finish(*out, inplacedv1.SwapState_SWAP_STATE_ABORTED, fmt.Errorf("%v (aborted: %w)", cause, context.Cause(ctx)))
-		return
-	}
-	if newID != "" {
-		r.rec.ExitCode = r.exitCode(cctx, newID)
-	}
-	if r.kube != nil {
-		// kubelet is about to create the container from the spec itself:
-		// step aside rather than roll back to a config it would kill.
-		if newID != "" {
-			r.removeContainer(cctx, newID)
-		}
-		*out = fence.Outcome{}
-		r.rec.RunningContainerId = ""
-		r.finish(*out, inplacedv1.SwapState_SWAP_STATE_FAILED, fmt.Errorf("%w; the old container is stopped and kubelet creates the new one itself", cause))
-		return
-	}
-	var rbID string
-	err := r.step(StepRollback, store.StepRollingBack, func() (err error) {
-		if newID != "" {
-			r.removeContainer(cctx, newID)
-		}
-		rbID, err = r.e.recreate(cctx, r.oldReq, r.newReq.Config)
-		return err
-	})
-	if err != nil {
-		r.fence.Unmask()
-		r.log.Error("ROLLBACK FAILED: the old container is stopped and kubelet will recreate it from the pod spec",
-			zap.Error(err), zap.NamedError("cause", cause))
-		*out = fence.Outcome{}
-		r.rec.RunningContainerId = ""
-		r.finish(*out, inplacedv1.SwapState_SWAP_STATE_ROLLBACK_FAILED,
-			fmt.Errorf("%v; ROLLBACK FAILED: %v — the container is stopped and kubelet will recreate it from the pod spec", cause, err))
-		return
-	}
-	*out = fence.Outcome{RunningID: rbID}
-	r.rec.RunningContainerId = rbID
-	r.finish(*out, inplacedv1.SwapState_SWAP_STATE_FAILED, fmt.Errorf("%w; rolled back: the old configuration runs again as %s", cause, short(rbID)))
-}
-
 // recreate creates and starts a container from req as the attempt after
 // `after`, recording it. It undoes its create when the start fails so that
 // no exited newest container is left for kubelet to chase.
@@ -569,7 +312,7 @@ func (e *Engine) recreate(ctx context.Context, req *runtimeapi.CreateContainerRe
 }
 
 func (r *run) removeContainer(ctx context.Context, id string) {
-	r.e.fences.EndPresent(id)
+	r.e.kubelet.EndPresent(id)
 	if _, err := r.e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 2}); err != nil {
 		r.log.Warn("stop swapped-in container", zap.String("new_container_id", id), zap.Error(err))
 	}
@@ -590,8 +333,10 @@ func (r *run) exitCode(ctx context.Context, id string) int32 {
 // finish records the end of the swap: history first, then the journal entry
 // goes, so a crash in between leaves a journal that recovery finds settled.
 func (r *run) finish(out fence.Outcome, state inplacedv1.SwapState, err error) {
+	r.endHold()
 	r.rec.State = state
 	r.rec.FinishedUnixNano = r.e.now().UnixNano()
+	r.rec.SandboxKept = r.e.sandboxKept(r.rec.SandboxId, r.t.identity)
 	r.endErr = err
 	if err != nil {
 		r.rec.Error = err.Error()

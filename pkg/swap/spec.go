@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
@@ -15,24 +14,6 @@ import (
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
-// PresentedHash is the hash kubelet is shown for container id while a
-// spec write is pending (Hooks.SpecHash), if any. Package kube compares
-// specs against what kubelet sees, not against the container's own label.
-func (e *Engine) PresentedHash(id string) (string, bool) { return e.fences.PresentedHash(id) }
-
-// WhenInspected is closed once kubelet has looked at container id (a
-// ContainerStatus answered with the presented hash); nil when no hash is
-// presented for it.
-func (e *Engine) WhenInspected(id string) <-chan struct{} { return e.fences.WhenInspected(id) }
-
-// NextRelist is closed at kubelet's next relist (a ListContainers without
-// a filter) seen while a hash is presented.
-func (e *Engine) NextRelist() <-chan struct{} { return e.fences.NextRelist() }
-
-// FirstRelistAfter is the time of the first kubelet relist seen at or
-// after t while a hash is presented.
-func (e *Engine) FirstRelistAfter(t time.Time) (time.Time, bool) { return e.fences.FirstRelistAfter(t) }
-
 // SpecWritten ends the handover of a committed swap made with
 // Hooks.SpecHash once the pod spec names its image: kubelet is shown the
 // new container's own hash again, the sticky override follows the new spec
@@ -42,9 +23,9 @@ func (e *Engine) FirstRelistAfter(t time.Time) (time.Time, bool) { return e.fenc
 // the hash of the spec it has.
 func (e *Engine) SpecWritten(ctx context.Context, rec *inplacedv1.SwapRecord, specHash string, imageOnly bool) error {
 	if rec.GetState() != inplacedv1.SwapState_SWAP_STATE_COMMITTED || rec.GetRunningContainerId() == "" {
-		return status.Errorf(codes.FailedPrecondition, "swap %s did not commit", rec.GetId())
+		return refusedf("swap %s did not commit", rec.GetId())
 	}
-	e.fences.EndPresent(rec.RunningContainerId)
+	e.kubelet.EndPresent(rec.RunningContainerId)
 	var errs []error
 	o, err := e.store.Override(rec.SandboxId, rec.Container)
 	switch {

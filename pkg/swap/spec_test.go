@@ -17,7 +17,7 @@ import (
 func TestSpecHashHandover(t *testing.T) {
 	e := newEnv(t)
 	oldID := e.create(t, e.containerReq(0), true)
-	sub, err := e.eng.StartWithHooks(context.Background(), &inplacedv1.SwapRequest{
+	sub, err := e.eng.Start(context.Background(), &inplacedv1.SwapRequest{
 		Target: &inplacedv1.Target{Namespace: "default", Pod: "web", Container: "app"},
 		Change: &inplacedv1.Change{Image: strp("registry.local/app:v2")},
 	}, Caller{Description: "test"}, Hooks{SpecHash: "h-new"})
@@ -32,7 +32,7 @@ func TestSpecHashHandover(t *testing.T) {
 	if got := e.be.Container(newID).Annotations[AnnotationHash]; got != "h-new" {
 		t.Errorf("new container's hash %q, want the new spec's h-new", got)
 	}
-	if h, ok := e.eng.PresentedHash(newID); !ok || h != appHash {
+	if h, ok := e.view.PresentedHash(newID); !ok || h != appHash {
 		t.Errorf("presented %q %v, want the old spec's %s until the spec is written", h, ok, appHash)
 	}
 	if o, err := e.st.Override(e.sbID, "app"); err != nil || o.Hash != appHash {
@@ -41,10 +41,10 @@ func TestSpecHashHandover(t *testing.T) {
 	if err := e.eng.SpecWritten(context.Background(), rec, "h-new", true); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := e.eng.PresentedHash(newID); ok {
+	if _, ok := e.view.PresentedHash(newID); ok {
 		t.Error("still presenting the old hash after SpecWritten")
 	}
-	if e.fences.Active() {
+	if e.fences.Active() || e.view.Presenting() {
 		t.Error("read gate open after SpecWritten")
 	}
 	if _, err := e.st.Override(e.sbID, "app"); !errors.Is(err, store.ErrNotFound) {
@@ -63,7 +63,7 @@ func TestSpecHashHandover(t *testing.T) {
 func TestSpecWrittenKeepsOtherOverrides(t *testing.T) {
 	e := newEnv(t)
 	e.create(t, e.containerReq(0), true)
-	sub, err := e.eng.StartWithHooks(context.Background(), &inplacedv1.SwapRequest{
+	sub, err := e.eng.Start(context.Background(), &inplacedv1.SwapRequest{
 		Target: &inplacedv1.Target{Namespace: "default", Pod: "web", Container: "app"},
 		Change: &inplacedv1.Change{Image: strp("registry.local/app:v2"), SetEnv: map[string]string{"MODE": "new"}},
 	}, Caller{Description: "test"}, Hooks{SpecHash: "h-new"})

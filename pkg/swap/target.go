@@ -8,8 +8,6 @@ import (
 	"sort"
 	"strings"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/store"
@@ -22,8 +20,11 @@ type target struct {
 	container *runtimeapi.Container
 	status    *runtimeapi.ContainerStatus
 	sandbox   *runtimeapi.PodSandboxStatus
+	identity  sandboxIdentity                    // what the swap must leave as it is
 	request   *runtimeapi.CreateContainerRequest // recorded or adopted
 	name      string
+	pid       int    // the container's init, for the connection hold
+	netns     string // the sandbox's network namespace
 }
 
 // Resolve finds the running container a Target names. Exported for the
@@ -31,7 +32,7 @@ type target struct {
 func Resolve(ctx context.Context, rt runtimeapi.RuntimeServiceClient, t *inplacedv1.Target) (*runtimeapi.Container, error) {
 	switch {
 	case t.GetContainerId() != "" && (t.GetPod() != "" || t.GetContainer() != ""):
-		return nil, status.Error(codes.InvalidArgument, "give either --id or POD -n NAMESPACE -c CONTAINER, not both")
+		return nil, invalidf("give either --id or POD -n NAMESPACE -c CONTAINER, not both")
 	case t.GetContainerId() != "":
 		resp, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
 		if err != nil {
@@ -49,11 +50,11 @@ func Resolve(ctx context.Context, rt runtimeapi.RuntimeServiceClient, t *inplace
 		}
 		switch len(match) {
 		case 0:
-			return nil, status.Errorf(codes.NotFound, "no container with ID or prefix %q", t.ContainerId)
+			return nil, notFoundf("no container with ID or prefix %q", t.ContainerId)
 		case 1:
 			return match[0], nil
 		default:
-			return nil, status.Errorf(codes.InvalidArgument, "container ID prefix %q matches %d containers: give more of the ID", t.ContainerId, len(match))
+			return nil, invalidf("container ID prefix %q matches %d containers: give more of the ID", t.ContainerId, len(match))
 		}
 	case t.GetPod() != "" && t.GetContainer() != "":
 		ns := t.GetNamespace()
@@ -68,13 +69,13 @@ func Resolve(ctx context.Context, rt runtimeapi.RuntimeServiceClient, t *inplace
 		}
 		cs := resp.Containers
 		if len(cs) == 0 {
-			return nil, status.Errorf(codes.NotFound, "no container %q in pod %s/%s (kubelet labels io.kubernetes.pod.name/namespace, io.kubernetes.container.name)", t.Container, ns, t.Pod)
+			return nil, notFoundf("no container %q in pod %s/%s (kubelet labels io.kubernetes.pod.name/namespace, io.kubernetes.container.name)", t.Container, ns, t.Pod)
 		}
 		// kubelet follows the newest container of a name; so do we.
 		sort.Slice(cs, func(i, j int) bool { return cs[i].CreatedAt > cs[j].CreatedAt })
 		return cs[0], nil
 	default:
-		return nil, status.Error(codes.InvalidArgument, "no target: give POD -n NAMESPACE -c CONTAINER or --id CONTAINER_ID")
+		return nil, invalidf("no target: give POD -n NAMESPACE -c CONTAINER or --id CONTAINER_ID")
 	}
 }
 
@@ -86,7 +87,7 @@ func (e *Engine) resolve(ctx context.Context, t *inplacedv1.Target) (*target, er
 		return nil, err
 	}
 	if c.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
-		return nil, status.Errorf(codes.FailedPrecondition, "container %s is %s, not running: a swap replaces a running container", short(c.Id), c.State)
+		return nil, refusedf("container %s is %s, not running: a swap replaces a running container", short(c.Id), c.State)
 	}
 	st, err := e.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: c.Id, Verbose: true})
 	if err != nil {
@@ -97,7 +98,7 @@ func (e *Engine) resolve(ctx context.Context, t *inplacedv1.Target) (*target, er
 		return nil, fmt.Errorf("sandbox status %s: %w", short(c.PodSandboxId), err)
 	}
 	if ps.Status.State != runtimeapi.PodSandboxState_SANDBOX_READY {
-		return nil, status.Errorf(codes.FailedPrecondition, "pod sandbox %s is not ready: nothing to swap into", short(c.PodSandboxId))
+		return nil, refusedf("pod sandbox %s is not ready: nothing to swap into", short(c.PodSandboxId))
 	}
 	req, err := e.recorded(ctx, c.Id, st, ps)
 	if err != nil {
@@ -107,7 +108,9 @@ func (e *Engine) resolve(ctx context.Context, t *inplacedv1.Target) (*target, er
 	if name == "" {
 		name = c.GetMetadata().GetName()
 	}
-	return &target{container: c, status: st.Status, sandbox: ps.Status, request: req, name: name}, nil
+	id := identityOf(ps)
+	pid, netns := procInfo(st, id)
+	return &target{container: c, status: st.Status, sandbox: ps.Status, identity: id, request: req, name: name, pid: pid, netns: netns}, nil
 }
 
 // recorded returns the CreateContainerRequest a container was made from: from
@@ -129,14 +132,14 @@ func (e *Engine) recorded(ctx context.Context, id string, st *runtimeapi.Contain
 	}
 	cfg := &runtimeapi.ContainerConfig{}
 	if err := decodeInfoConfig(st.GetInfo(), cfg); err != nil {
-		return nil, status.Errorf(codes.FailedPrecondition,
+		return nil, refusedf(
 			"container %s was created before inplaced ran and the backend does not expose its CRI config (%v): it cannot be swapped; recreate the pod once with inplaced in place", short(id), err)
 	}
 	sbCfg := &runtimeapi.PodSandboxConfig{}
 	if sb, err := e.store.Sandbox(ps.GetStatus().GetId()); err == nil {
 		sbCfg = sb.Config
 	} else if err := decodeInfoConfig(ps.GetInfo(), sbCfg); err != nil {
-		return nil, status.Errorf(codes.FailedPrecondition,
+		return nil, refusedf(
 			"sandbox of %s: the backend does not expose its CRI config (%v): it cannot be swapped", short(id), err)
 	}
 	req = &runtimeapi.CreateContainerRequest{PodSandboxId: ps.GetStatus().GetId(), Config: cfg, SandboxConfig: sbCfg}

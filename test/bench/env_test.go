@@ -107,6 +107,7 @@ type kubePod struct {
 	containerIDs  []string
 	sandboxConfig *runtimeapi.PodSandboxConfig
 	hostDir       string
+	handler       string // CRI runtime handler; "" is containerd's default (runc)
 }
 
 // newKubePodConfig is the sandbox config of pod name at attempt.
@@ -148,7 +149,7 @@ func (p *kubePod) kubeContainerConfig(ctr, image string, attempt int, command ..
 
 // run starts the sandbox of p through cri.
 func (p *kubePod) run(ctx context.Context, cri *harness.CRIClient) error {
-	rs, err := cri.Runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: p.sandboxConfig})
+	rs, err := cri.Runtime.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: p.sandboxConfig, RuntimeHandler: p.handler})
 	if err != nil {
 		return fmt.Errorf("RunPodSandbox %s: %w", p.name, err)
 	}

@@ -791,7 +791,7 @@ func renderKubeDoc(w *strings.Builder, r *kubeRun) {
 	host, _ := os.Hostname()
 	fmt.Fprintf(w, "# Benchmarks: Kubernetes mode (image patch)\n\n")
 	fmt.Fprintf(w, "Written by `BenchmarkKubePatch` (`test/bench/kube_bench_test.go`) when `$%s` names this file "+
-		"(`hack/bench.sh` sets it: `BENCH=KubePatch hack/bench.sh`); do not edit by hand. Issue 9, must-show 6. "+
+		"(`hack/bench.sh` sets it: `BENCH=KubePatch hack/bench.sh`); do not edit by hand. "+
 		"The rest of `make bench` is in [benchmarks.md](benchmarks.md).\n\n", kubeEnvDoc)
 	fmt.Fprintf(w, "## Machine and run\n\n| | |\n|---|---|\n")
 	fmt.Fprintf(w, "| Host | `%s`: %s, %d CPUs, kernel %s |\n", host, kubeProcField("/proc/cpuinfo", "model name"), ncpu, kubeKernel())
@@ -835,7 +835,7 @@ func renderKubeDoc(w *strings.Builder, r *kubeRun) {
 	fmt.Fprintf(w, "- **(b) client gap**: a client on the node asks the pod IP for `/version` every %s, each on a fresh connection (1 s timeout): "+
 		"from its first failed request after the last `%s` to its first `%s`. Its resolution is the poll period plus a request's time.\n\n",
 		kubePollEvery, kubeOldBody, kubeNewBody)
-	fmt.Fprintf(w, "inplaced's swap record has a `downtime_ns` of its own (issue 3's definition): from its StopContainer of the old container *returning* "+
+	fmt.Fprintf(w, "inplaced's swap record has a `downtime_ns` of its own (the swap's definition): from its StopContainer of the old container *returning* "+
 		"to StartContainer of the new one returning. It leaves out the tail of the stop — from the old process's exit (`FinishedAt`) until containerd "+
 		"answers the StopContainer — which the client does see; (a) and (b) include it for every configuration alike.\n\n")
 	fmt.Fprintf(w, "Figures are medians; the load column is the 1-minute load average sampled every second while the cell's repetitions ran "+

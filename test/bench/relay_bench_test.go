@@ -15,6 +15,7 @@ import (
 
 	"github.com/inplaced/inplaced/pkg/fence"
 	"github.com/inplaced/inplaced/pkg/intercept"
+	"github.com/inplaced/inplaced/pkg/kubeletview"
 	"github.com/inplaced/inplaced/pkg/relay"
 	"github.com/inplaced/inplaced/pkg/store"
 	"github.com/inplaced/inplaced/test/bench/report"
@@ -73,7 +74,7 @@ type relayServer interface {
 	Stop()
 }
 
-func relayServe(b *testing.B, sock string, srv relayServer) {
+func relayServe(b testing.TB, sock string, srv relayServer) {
 	b.Helper()
 	lis, err := net.Listen("unix", sock)
 	if err != nil {
@@ -83,7 +84,7 @@ func relayServe(b *testing.B, sock string, srv relayServer) {
 	b.Cleanup(srv.Stop)
 }
 
-func relayDial(b *testing.B, sock string) runtimeapi.RuntimeServiceClient {
+func relayDial(b testing.TB, sock string) runtimeapi.RuntimeServiceClient {
 	b.Helper()
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
@@ -119,7 +120,7 @@ func BenchmarkRelay(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { st.Close() })
-	ics, err := intercept.New(intercept.Options{Store: st, Fences: fence.NewRegistry()})
+	ics, err := intercept.New(intercept.Options{Store: st, Fences: fence.NewRegistry(), Kubelet: kubeletview.New()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -190,7 +190,7 @@ func BenchmarkRelayCost(b *testing.B) {
 	}
 }
 
-func relayCostBuild(b *testing.B, dir string) map[string]string {
+func relayCostBuild(b testing.TB, dir string) map[string]string {
 	b.Helper()
 	out := map[string]string{}
 	for _, name := range []string{"floorrelay", "relayproc"} {
@@ -205,7 +205,7 @@ func relayCostBuild(b *testing.B, dir string) map[string]string {
 
 // relayCostStart runs bin LISTEN BACKEND (flags first) and waits for its
 // socket.
-func relayCostStart(b *testing.B, sock, backend, bin string, flags ...string) int {
+func relayCostStart(b testing.TB, sock, backend, bin string, flags ...string) int {
 	b.Helper()
 	// A CPU profile's SIGPROF ticks crash valgrind: callgrind's output is the profile there.
 	if dir := os.Getenv("INPLACED_RELAY_COST_KEEP"); dir != "" && strings.HasSuffix(bin, "relayproc") && !relayCostValgrind() {

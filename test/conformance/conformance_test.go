@@ -44,9 +44,21 @@ import (
 type Mode string
 
 const (
-	Direct Mode = "direct"
-	Proxy  Mode = "proxy"
+	Direct    Mode = "direct"
+	Proxy     Mode = "proxy"      // inplaced --relay=router (the default)
+	ProxyGRPC Mode = "proxy-grpc" // inplaced --relay=grpc
 )
+
+// proxyModes are the ways through inplaced, each compared with Direct.
+var proxyModes = []Mode{Proxy, ProxyGRPC}
+
+// proxyArgs are inplaced's arguments for a mode.
+func proxyArgs(m Mode) []string {
+	if m == ProxyGRPC {
+		return []string{"--relay=grpc"}
+	}
+	return []string{"--relay=router"}
+}
 
 func TestConformance(t *testing.T) {
 	if os.Getenv("INPLACED_CONFORMANCE") != "1" {
@@ -54,22 +66,7 @@ func TestConformance(t *testing.T) {
 	}
 	harness.RequireRoot(t)
 	harness.RequireTool(t, "critest", harness.CritestPath())
-	root, err := harness.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxyBin := os.Getenv("INPLACED_PROXY_BIN")
-	if proxyBin == "" {
-		proxyBin = filepath.Join(root, "_output", "bin", "inplaced")
-	}
-	modes := modesFromEnv(proxyBin)
-	if slices.Contains(modes, Proxy) {
-		harness.RequireTool(t, "inplaced", proxyBin)
-	}
-	docsDir := os.Getenv("INPLACED_CONFORMANCE_DOCS")
-	if docsDir == "" {
-		docsDir = filepath.Join(root, "docs")
-	}
+	proxyBin, modes, docsDir := fromEnv(t)
 
 	reg := harness.StartRegistry(t)
 	images := reg.PushTestImages(t)
@@ -88,8 +85,8 @@ func TestConformance(t *testing.T) {
 				c := harness.StartContainerd(t, b, reg, harness.WithMirrors(harness.CritestRegistryHosts...))
 				endpoint := c.Endpoint
 				var stopProxy func()
-				if m == Proxy {
-					endpoint, stopProxy = startProxy(t, proxyBin, c.Endpoint)
+				if m != Direct {
+					endpoint, stopProxy = startProxy(t, proxyBin, c.Endpoint, proxyArgs(m)...)
 				}
 				res, err := RunCritest(t, endpoint, imagesFile, fmt.Sprintf("%s-%s", b, m))
 				if stopProxy != nil {
@@ -107,22 +104,11 @@ func TestConformance(t *testing.T) {
 					b, m, len(res.Passed), len(res.Failed), len(res.Skipped), res.Duration.Round(time.Second))
 			}
 
-			var onlyDirect, onlyProxy []string
-			if d, p := results[Direct], results[Proxy]; d != nil && p != nil {
-				onlyDirect, onlyProxy = diff(d.Passed, p.Passed)
-				t.Logf("critest %s: direct %d passed, proxy %d passed", b, len(d.Passed), len(p.Passed))
-				for _, s := range onlyDirect {
-					t.Logf("  passes only directly: %s", s)
-				}
-				for _, s := range onlyProxy {
-					t.Logf("  passes only through the proxy: %s", s)
-				}
-				if len(onlyDirect)+len(onlyProxy) > 0 {
-					t.Errorf("critest %s: the sets of passed specs differ (%d only direct, %d only through the proxy)",
-						b, len(onlyDirect), len(onlyProxy))
-				}
+			compare(t, "critest", string(b), results, true)
+			md := Markdown(string(b), results)
+			if old, err := os.ReadFile(filepath.Join(docsDir, fmt.Sprintf("conformance-%s.md", b))); err == nil {
+				md += h2specSection(string(old)) // TestH2spec's, kept until it runs again
 			}
-			md := Markdown(string(b), results, onlyDirect, onlyProxy)
 			if err := os.MkdirAll(docsDir, 0o755); err != nil {
 				t.Fatal(err)
 			}
@@ -132,6 +118,52 @@ func TestConformance(t *testing.T) {
 			}
 			t.Logf("wrote %s", out)
 		})
+	}
+}
+
+// fromEnv is what both suites take from the environment: inplaced's
+// binary, the modes to run and where the documents go.
+func fromEnv(t *testing.T) (proxyBin string, modes []Mode, docsDir string) {
+	root, err := harness.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyBin = os.Getenv("INPLACED_PROXY_BIN")
+	if proxyBin == "" {
+		proxyBin = filepath.Join(root, "_output", "bin", "inplaced")
+	}
+	modes = modesFromEnv(proxyBin)
+	if slices.Contains(modes, Proxy) || slices.Contains(modes, ProxyGRPC) {
+		harness.RequireTool(t, "inplaced", proxyBin)
+	}
+	docsDir = os.Getenv("INPLACED_CONFORMANCE_DOCS")
+	if docsDir == "" {
+		docsDir = filepath.Join(root, "docs")
+	}
+	return proxyBin, modes, docsDir
+}
+
+// compare logs what passes only one way for each proxy mode and fails the
+// test when something passes only directly (or, with both, only through
+// inplaced: critest's specs must be the same set).
+func compare(t *testing.T, tool, backend string, results map[Mode]*Result, both bool) {
+	for _, pm := range proxyModes {
+		d, p := results[Direct], results[pm]
+		if d == nil || p == nil {
+			continue
+		}
+		onlyDirect, onlyProxy := diff(d.Passed, p.Passed)
+		t.Logf("%s %s: direct %d passed, %s %d passed", tool, backend, len(d.Passed), pm, len(p.Passed))
+		for _, s := range onlyDirect {
+			t.Logf("  passes only directly: %s", s)
+		}
+		for _, s := range onlyProxy {
+			t.Logf("  passes only through %s: %s", pm, s)
+		}
+		if len(onlyDirect) > 0 || both && len(onlyProxy) > 0 {
+			t.Errorf("%s %s: the sets of passed cases differ (%d only direct, %d only through %s)",
+				tool, backend, len(onlyDirect), len(onlyProxy), pm)
+		}
 	}
 }
 
@@ -146,14 +178,14 @@ func modesFromEnv(proxyBin string) []Mode {
 		return out
 	}
 	if st, err := os.Stat(proxyBin); err == nil && st.Mode().IsRegular() {
-		return []Mode{Direct, Proxy}
+		return []Mode{Direct, Proxy, ProxyGRPC}
 	}
 	return []Mode{Direct}
 }
 
 // startProxy runs inplaced in front of backend and returns its endpoint and a
 // stop function (SIGTERM, then SIGKILL after 10 s; files removed).
-func startProxy(t *testing.T, bin, backend string) (string, func()) {
+func startProxy(t *testing.T, bin, backend string, args ...string) (string, func()) {
 	t.Helper()
 	dir, err := os.MkdirTemp("/tmp", "ipc")
 	if err != nil {
@@ -165,11 +197,11 @@ func startProxy(t *testing.T, bin, backend string) (string, func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin,
+	cmd := exec.Command(bin, append([]string{
 		"--listen", sock,
 		"--runtime-endpoint", backend,
 		"--state-dir", filepath.Join(dir, "state"),
-		"--control-socket", filepath.Join(dir, "control.sock"))
+		"--control-socket", filepath.Join(dir, "control.sock")}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -341,31 +373,40 @@ func diff(a, b []string) (onlyA, onlyB []string) {
 }
 
 // Markdown is the summary written to docs/conformance-<backend>.md.
-func Markdown(backend string, results map[Mode]*Result, onlyDirect, onlyProxy []string) string {
+func Markdown(backend string, results map[Mode]*Result) string {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# critest %s against %s\n\n", harness.CriToolsVersion, backend)
 	fmt.Fprintf(&b, "Generated by `hack/conformance.sh` on %s. critest runs against a private\n", time.Now().UTC().Format("2006-01-02"))
 	fmt.Fprintf(&b, "containerd (test/harness) with the harness's substitute test images; the proxy conforms when\n")
-	fmt.Fprintf(&b, "the same specs pass through it as directly against the same containerd.\n\n")
+	fmt.Fprintf(&b, "the same specs pass through it as directly against the same containerd, with either\n")
+	fmt.Fprintf(&b, "`--relay` setting (proxy: the HTTP/2 router; proxy-grpc: grpc-go's server and client).\n\n")
 	fmt.Fprintf(&b, "| path | passed | failed | skipped | time |\n|---|---:|---:|---:|---:|\n")
-	for _, m := range []Mode{Direct, Proxy} {
+	for _, m := range []Mode{Direct, Proxy, ProxyGRPC} {
 		if r := results[m]; r != nil {
 			fmt.Fprintf(&b, "| %s | %d | %d | %d | %s |\n", m, len(r.Passed), len(r.Failed), len(r.Skipped), r.Duration.Round(time.Second))
 		}
 	}
 	b.WriteString("\n")
-	d, p := results[Direct], results[Proxy]
-	switch {
-	case d != nil && p != nil && len(onlyDirect)+len(onlyProxy) == 0:
-		b.WriteString("**Same set of passed specs directly and through the proxy.**\n\n")
-	case d != nil && p != nil:
-		b.WriteString("**The sets of passed specs differ.**\n\n")
+	compared := false
+	for _, pm := range proxyModes {
+		d, p := results[Direct], results[pm]
+		if d == nil || p == nil {
+			continue
+		}
+		compared = true
+		onlyDirect, onlyProxy := diff(d.Passed, p.Passed)
+		if len(onlyDirect)+len(onlyProxy) == 0 {
+			fmt.Fprintf(&b, "**Same set of passed specs directly and through %s.**\n\n", pm)
+			continue
+		}
+		fmt.Fprintf(&b, "**The sets of passed specs differ (direct, %s).**\n\n", pm)
 		writeList(&b, "Passed only directly", onlyDirect)
-		writeList(&b, "Passed only through the proxy", onlyProxy)
-	default:
+		writeList(&b, "Passed only through "+string(pm), onlyProxy)
+	}
+	if !compared {
 		b.WriteString("Only one path was run (the proxy binary was not built).\n\n")
 	}
-	for _, m := range []Mode{Direct, Proxy} {
+	for _, m := range []Mode{Direct, Proxy, ProxyGRPC} {
 		r := results[m]
 		if r == nil || len(r.Failed) == 0 {
 			continue

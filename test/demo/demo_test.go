@@ -126,9 +126,53 @@ func TestDemo(t *testing.T) {
 			say("inplaced's own downtime (old container stopped → new one started) was %s; the client's gap also holds the old app's\n"+
 				"    shutdown after SIGTERM and the new one's start until it listens", d)
 		}
+		if h, ok := strings.CutPrefix(l, "connections: "); ok {
+			say("inplaced's connection hold: %s", h)
+		}
 	}
+	say("with the connection hold (--connection-hold=queue, the default): %d failed requests during the swap; the slowest request took %s\n"+
+		"    (it waited in its TCP handshake for v2 to listen)", r.Failed, r.Slowest.Round(time.Millisecond))
 	if r.FailedOutside > 0 {
 		t.Errorf("%d requests failed outside the gap", r.FailedOutside)
+	}
+	if r.Failed > 0 {
+		t.Errorf("%d requests failed with the connection hold on (%s)", r.Failed, r.causes())
+	}
+
+	// The same swap back with the hold off: the refusals it prevented.
+	px.ExtraArgs = []string{"--connection-hold=off"}
+	if err := px.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := px.Start(); err != nil {
+		t.Fatal(err)
+	}
+	poll = harness.StartHTTPPoll(url, pollEvery, "v1", "v2")
+	backArgs := []string{"swap", "demo", "-n", "default", "-c", "app", "--image", c.Images.App1,
+		"--health-http", fmt.Sprintf("%d/healthz", harness.AppPort), "--min-runtime", "1s"}
+	say("inplaced restarted with --connection-hold=off; the client polls again\n$ inplacectl %s", strings.Join(backArgs, " "))
+	if _, err := streamed(t, say, exec.Command(ctl, append([]string{"--control-socket", px.ControlSocket}, backArgs...)...)); err != nil {
+		t.Fatalf("swap back: %v", err)
+	}
+	if err := poll.Wait("v1", 10*time.Second); err != nil {
+		t.Fatalf("GET %s after the swap back: %v", url, err)
+	}
+	time.Sleep(time.Second)
+	off, err := analyze(poll.Stop(), "v2", "v1")
+	if err != nil {
+		t.Fatalf("the client's view of the swap back: %v", err)
+	}
+	say("with --connection-hold=off: %d requests, %d failed (%s), gap %s: the refusals the hold prevented; the slowest answered request took %s",
+		off.Requests, off.Failed, off.causes(), off.Gap.Round(time.Millisecond), off.Slowest.Round(time.Millisecond))
+	if off.FailedOutside > 0 {
+		t.Errorf("%d requests failed outside the gap of the swap back", off.FailedOutside)
+	}
+	px.ExtraArgs = nil
+	if err := px.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := px.Start(); err != nil {
+		t.Fatal(err)
 	}
 	if newIP != ip {
 		t.Fatalf("pod IP changed %s → %s", ip, newIP)
@@ -139,8 +183,7 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("running containers after swap: %v", ids)
 	}
 	crictl("exec", ids[0], "cat", "/VERSION")
-	crictl("exec", ids[0], "sh", "-c", "echo GREETING=$GREETING")
-	say("same sandbox %s, same IP %s; the container now runs v2 — no pod was recreated", podID[:13], ip)
+	say("same sandbox %s, same IP %s; the container runs v1 again after two swaps — no pod was recreated", podID[:13], ip)
 
 	prepull(t, say, c, px, ctl, link+strings.TrimPrefix(c.Images.Large, reg.Addr))
 

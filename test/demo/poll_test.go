@@ -26,6 +26,8 @@ type gapReport struct {
 	// Longest is the longest stretch between two answers anywhere in the
 	// run (Gap, unless a slow answer elsewhere took longer).
 	Longest time.Duration
+	// Slowest is the longest an answered request took.
+	Slowest time.Duration
 }
 
 // analyze reads the samples of one change. It fails when there is no
@@ -70,6 +72,7 @@ func analyze(samples []harness.HTTPSample, oldBody, newBody string) (gapReport, 
 			return r, fmt.Errorf("request %d answered %q, neither %q nor %q", i+1, s.Body, oldBody, newBody)
 		}
 		r.Answered++
+		r.Slowest = max(r.Slowest, s.End.Sub(s.Start))
 		if !lastAnswer.IsZero() {
 			r.Longest = max(r.Longest, s.End.Sub(lastAnswer))
 		}
@@ -125,16 +128,16 @@ func TestAnalyze(t *testing.T) {
 	}{
 		{name: "clean switch", samples: seq("v1", "v1", "!", "!", "!", "v2", "v2"),
 			want: gapReport{Requests: 7, Answered: 4, Failed: 3, AnsweredOld: 2, AnsweredNew: 2, Gap: 40 * time.Millisecond,
-				FailedInGap: 3, Causes: map[string]int{"connection refused": 3}, Longest: 40 * time.Millisecond}},
+				FailedInGap: 3, Causes: map[string]int{"connection refused": 3}, Longest: 40 * time.Millisecond, Slowest: time.Millisecond}},
 		{name: "no gap", samples: seq("v1", "v2"),
 			want: gapReport{Requests: 2, Answered: 2, AnsweredOld: 1, AnsweredNew: 1, Gap: 10 * time.Millisecond,
-				Causes: map[string]int{}, Longest: 10 * time.Millisecond}},
+				Causes: map[string]int{}, Longest: 10 * time.Millisecond, Slowest: time.Millisecond}},
 		{name: "failure before the switch", samples: seq("v1", "!", "v1", "!", "v2"),
 			want: gapReport{Requests: 5, Answered: 3, Failed: 2, AnsweredOld: 2, AnsweredNew: 1, Gap: 20 * time.Millisecond,
-				FailedInGap: 1, FailedOutside: 1, Causes: map[string]int{"connection refused": 2}, Longest: 20 * time.Millisecond}},
+				FailedInGap: 1, FailedOutside: 1, Causes: map[string]int{"connection refused": 2}, Longest: 20 * time.Millisecond, Slowest: time.Millisecond}},
 		{name: "failure after the switch", samples: seq("v1", "v2", "~", "v2"),
 			want: gapReport{Requests: 4, Answered: 3, Failed: 1, AnsweredOld: 1, AnsweredNew: 2, Gap: 10 * time.Millisecond,
-				FailedOutside: 1, Causes: map[string]int{"timeout": 1}, Longest: 1019 * time.Millisecond}},
+				FailedOutside: 1, Causes: map[string]int{"timeout": 1}, Longest: 1019 * time.Millisecond, Slowest: time.Millisecond}},
 		{name: "old answers after new", samples: seq("v1", "v2", "v1"), wantErr: "after the new container"},
 		{name: "no new answer", samples: seq("v1", "!", "!"), wantErr: "no answer \"v2\""},
 		{name: "no old answer", samples: seq("!", "v2"), wantErr: "no answer \"v1\""},

@@ -71,6 +71,7 @@ type podOpts struct {
 	env        map[string]string
 	grace      int
 	restartCnt int
+	handler    string // CRI runtime handler ("" is containerd's default, runc)
 }
 
 func runPod(t *testing.T, cri *harness.CRIClient, name, image string, o podOpts) *pod {
@@ -83,7 +84,7 @@ func runPod(t *testing.T, cri *harness.CRIClient, name, image string, o podOpts)
 	p.sandboxConfig.Labels = map[string]string{
 		"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": p.ns, "io.kubernetes.pod.uid": p.uid, "app": name,
 	}
-	rs, err := cri.Runtime.RunPodSandbox(c, &runtimeapi.RunPodSandboxRequest{Config: p.sandboxConfig})
+	rs, err := cri.Runtime.RunPodSandbox(c, &runtimeapi.RunPodSandboxRequest{Config: p.sandboxConfig, RuntimeHandler: o.handler})
 	if err != nil {
 		t.Fatalf("RunPodSandbox: %v", err)
 	}

@@ -36,36 +36,16 @@ type kmenv struct {
 // is held goes through at once; the API server going away never touches
 // the CRI path.
 func TestKubernetesMode(t *testing.T) {
-	harness.KubeletPrerequisites(t)
-	harness.ControlPlanePrerequisites(t)
-	harness.RequireRoot(t)
-	backends := harness.BackendsFromEnv()
-	harness.Require(t, "a containerd backend", len(backends) > 0, "no containerd found; run hack/install-deps.sh")
-	reg := harness.StartRegistry(t)
+	backends, reg := kubeModeBed(t)
 	fast := reg.StartLink(t, 400_000_000) // 100 MiB in ~2 s: long against a stop, short for a test
 	slow := reg.StartLink(t, 20_000_000)  // 100 MiB in ~40 s: a pull that is still running when the pod goes
 	cp := harness.StartControlPlane(t)
 	for _, b := range backends {
 		t.Run(string(b), func(t *testing.T) {
 			start := time.Now()
-			c := harness.StartContainerd(t, b, reg)
-			node := "ipkm-" + randSuffix()
-			kubeconfig := cp.NodeKubeconfig(t, node)
-			e := newEnv(t, c)
-			// Restarted in Kubernetes mode with the node's own credentials.
-			if err := e.px.Stop(); err != nil {
-				t.Fatal(err)
-			}
-			e.px.ExtraArgs = []string{"--kubeconfig", kubeconfig, "--node-name", node}
-			if err := e.px.Start(); err != nil {
-				t.Fatalf("inplaced in Kubernetes mode: %v\n%s", err, e.px.LogTail(30))
-			}
-			k := cp.StartKubelet(t, harness.KubeletOptions{RuntimeEndpoint: e.px.Endpoint, BackendEndpoint: c.Endpoint,
-				SyncFrequency: kubeletSync, NodeName: node})
-			cp.WaitNodeReady(t, node, 2*time.Minute)
-			large := strings.TrimPrefix(c.Images.Large, reg.Addr)
-			km := &kmenv{kenv: &kenv{env: e, k: k, ns: "default"}, cp: cp, node: node,
-				largeFast: fast + large, largeSlow: slow + large}
+			km := startKubeMode(t, cp, b, reg, "ipkm-")
+			large := strings.TrimPrefix(km.imgs.Large, reg.Addr)
+			km.largeFast, km.largeSlow = fast+large, slow+large
 
 			// First: the slow pull of the large image is cancelled here, so
 			// the later fast pull still fetches most of it.
@@ -82,15 +62,79 @@ func TestKubernetesMode(t *testing.T) {
 			// Last: it restarts inplaced with --affinity-drift=refuse.
 			t.Run("affinity drift", km.testAffinityDrift)
 
-			if l := k.LogGrep("name is reserved", "failed to reserve container name"); len(l) > 0 {
+			if l := km.k.LogGrep("name is reserved", "failed to reserve container name"); len(l) > 0 {
 				t.Errorf("kubelet raced a swap for a container name: %s", l[0])
 			}
 			if n := km.pxLogCount(t, 0, "panic:"); n > 0 {
-				t.Errorf("inplaced panicked:\n%s", e.px.LogTail(40))
+				t.Errorf("inplaced panicked:\n%s", km.px.LogTail(40))
 			}
 			t.Logf("TestKubernetesMode on %s took %s", b, time.Since(start).Round(time.Millisecond))
 		})
 	}
+}
+
+// kubeMode adds to a Kubernetes-mode bed: inplaced's extra flags, and
+// kubelet's options (endpoints, sync frequency and node name are filled in).
+type kubeMode struct {
+	pxArgs  []string
+	kubelet harness.KubeletOptions
+}
+
+// startKubeMode starts containerd b, inplaced in Kubernetes mode with the
+// credentials of a new node (name prefix + a random suffix), and a kubelet
+// registered as that node through inplaced.
+func startKubeMode(t *testing.T, cp *harness.ControlPlane, b harness.Backend, reg *harness.Registry, prefix string, more ...kubeMode) *kmenv {
+	t.Helper()
+	var m kubeMode
+	if len(more) > 0 {
+		m = more[0]
+	}
+	c := harness.StartContainerd(t, b, reg)
+	node := prefix + randSuffix()
+	kubeconfig := cp.NodeKubeconfig(t, node)
+	e := newEnv(t, c)
+	// Restarted in Kubernetes mode with the node's own credentials.
+	if err := e.px.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.px.ExtraArgs = append([]string{"--kubeconfig", kubeconfig, "--node-name", node}, m.pxArgs...)
+	if err := e.px.Start(); err != nil {
+		t.Fatalf("inplaced in Kubernetes mode: %v\n%s", err, e.px.LogTail(30))
+	}
+	ko := m.kubelet
+	ko.RuntimeEndpoint, ko.BackendEndpoint, ko.SyncFrequency, ko.NodeName = e.px.Endpoint, c.Endpoint, kubeletSync, node
+	k := cp.StartKubelet(t, ko)
+	cp.WaitNodeReady(t, node, 2*time.Minute)
+	return &kmenv{kenv: &kenv{env: e, k: k, ns: "default"}, cp: cp, node: node}
+}
+
+// kubeModeBed checks what a Kubernetes mode test needs and starts the
+// registry its containerds mirror; it returns the backends to run on.
+func kubeModeBed(t *testing.T) ([]harness.Backend, *harness.Registry) {
+	harness.KubeletPrerequisites(t)
+	harness.ControlPlanePrerequisites(t)
+	harness.RequireRoot(t)
+	backends := harness.BackendsFromEnv()
+	harness.Require(t, "a containerd backend", len(backends) > 0, "no containerd found; run hack/install-deps.sh")
+	return backends, harness.StartRegistry(t)
+}
+
+// waitInPlace waits until pod before runs image in a container other than
+// oldID, restartCount 1, Ready, and is the same pod (UID, IP): an image
+// patch that went in place.
+func (km *kmenv) waitInPlace(t *testing.T, before *corev1.Pod, oldID, image string) *corev1.Pod {
+	t.Helper()
+	after := km.cp.WaitPod(t, km.ns, before.Name, 2*time.Minute, func(p *corev1.Pod) error {
+		s := appStatus(p)
+		if s == nil || criID(s) == oldID || s.RestartCount != 1 || s.State.Running == nil || !s.Ready || s.Image != image {
+			return fmt.Errorf("want %s, restartCount 1, running, ready; app status %+v", image, s)
+		}
+		return podReady(p)
+	})
+	if after.UID != before.UID || after.Status.PodIP != before.Status.PodIP {
+		t.Errorf("pod changed: UID %s→%s, IP %s→%s", before.UID, after.UID, before.Status.PodIP, after.Status.PodIP)
+	}
+	return after
 }
 
 func randSuffix() string { return fmt.Sprintf("%x", time.Now().UnixNano()&0xffffff) }
@@ -171,6 +215,18 @@ func (km *kmenv) setImage(t *testing.T, pod, image string) time.Time {
 // kubeletSwaps returns inplaced's kubelet-driven swap records for a pod.
 func (km *kmenv) kubeletSwaps(t *testing.T, pod string) []*inplacedv1.SwapRecord {
 	t.Helper()
+	var recs []*inplacedv1.SwapRecord
+	for _, r := range km.swapsOf(t, pod) {
+		if r.Kind == "kubelet" {
+			recs = append(recs, r)
+		}
+	}
+	return recs
+}
+
+// swapsOf returns inplaced's swap records for a pod, as inplacectl lists them.
+func (km *kmenv) swapsOf(t *testing.T, pod string) []*inplacedv1.SwapRecord {
+	t.Helper()
 	out, err := km.px.Ctl("swaps", "-o", "json")
 	if err != nil {
 		t.Fatalf("inplacectl swaps: %v\n%s", err, out)
@@ -181,7 +237,7 @@ func (km *kmenv) kubeletSwaps(t *testing.T, pod string) []*inplacedv1.SwapRecord
 	}
 	var recs []*inplacedv1.SwapRecord
 	for _, r := range l.Swaps {
-		if r.Pod == pod && r.Kind == "kubelet" {
+		if r.Pod == pod {
 			recs = append(recs, r)
 		}
 	}
@@ -306,7 +362,7 @@ func (km *kmenv) testUnpullable(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	if l := km.k.LogGrep("); the old container keeps running. Fix the image reference"); len(l) == 0 {
+	if l := km.k.LogGrep("); the old container keeps running. To do: fix the image reference"); len(l) == 0 {
 		t.Errorf("kubelet's log does not carry inplaced's reason; tail:\n%s", km.k.LogTail(30))
 	} else {
 		t.Logf("kubelet logged inplaced's reason (%d lines), e.g. %s", len(l), l[0])

@@ -27,7 +27,13 @@ type swapRecord struct {
 	RunningContainerID string `json:"running_container_id"`
 	DowntimeNs         string `json:"downtime_ns"`
 	ExitCode           int    `json:"exit_code"`
-	Caller             struct {
+	RuntimeHandler     string `json:"runtime_handler"`
+	SandboxKept        bool   `json:"sandbox_kept"`
+	Hold               struct {
+		Mode string `json:"mode"`
+		Why  string `json:"why"`
+	} `json:"hold"`
+	Caller struct {
 		UID string `json:"uid"`
 		PID string `json:"pid"`
 	} `json:"caller"`

@@ -17,6 +17,9 @@ type configData struct {
 	// Links are registry hosts that serve themselves over plain HTTP
 	// (Registry.StartLink).
 	Links []string
+	// RunscConfig is the runsc.toml of handler runsc (2.x only), empty
+	// without gVisor.
+	RunscConfig string
 }
 
 // containerd 1.6 reads the version 2 format.
@@ -104,11 +107,31 @@ state = "{{.Dir}}/state"
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = "{{.Dir}}/runc"
+{{- if .RunscConfig}}
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc]
+      runtime_type = "io.containerd.runsc.v1"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "{{.RunscConfig}}"
+{{- end}}
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = ["/usr/lib/cni"]
     conf_dir = "{{.CNIConfDir}}"
     max_conf_num = 1
 `))
+
+// runscTOML is the shim's options file for handler runsc: the runsc binary,
+// its state root and logs under the instance's Dir (so that teardown finds
+// the sandbox processes by Dir), and the systrap platform, which needs
+// neither KVM nor ptrace's per-syscall stops.
+const runscTOML = `# written by inplaced test/harness
+binary_name = "%[1]s"
+root = "%[2]s/runsc"
+
+[runsc_config]
+  platform = "systrap"
+  debug-log = "%[2]s/runsc-log/"
+`
 
 const hostsTOML = `# written by inplaced test/harness
 server = "http://%[1]s"
@@ -134,6 +157,12 @@ func (c *Containerd) writeConfig() error {
 	tmpl := config2
 	if c.Backend == Containerd16 {
 		tmpl = config16
+	}
+	if c.Runsc {
+		d.RunscConfig = filepath.Join(c.Dir, "runsc.toml")
+		if err := os.WriteFile(d.RunscConfig, fmt.Appendf(nil, runscTOML, filepath.Join(GVisorBinDir(), "runsc"), c.Dir), 0o644); err != nil {
+			return err
+		}
 	}
 	var buf bytes.Buffer
 	if err := tmpl.Execute(&buf, d); err != nil {

@@ -47,6 +47,9 @@ type Containerd struct {
 	Images   Images
 	// PID is the pid of the running containerd, 0 while stopped.
 	PID int
+	// Runsc reports that handler runsc (gVisor) is registered: a 2.x
+	// backend with gVisor installed (RequireRunsc).
+	Runsc bool
 	// Mirrors are registry hosts (e.g. "registry.k8s.io") that this instance
 	// resolves to Registry (WithMirrors).
 	Mirrors []string
@@ -96,6 +99,8 @@ func StartContainerd(tb testing.TB, b Backend, reg *Registry, opts ...Option) *C
 		o(c)
 	}
 	c.Endpoint = "unix://" + c.Socket
+	// gVisor's shim speaks shim bootstrap protocol v2, which 1.6 cannot read.
+	c.Runsc = b == Containerd2 && RunscAvailable()
 
 	c.slot, err = acquireSlot(tb, dir)
 	if err != nil {
@@ -123,6 +128,14 @@ func StartContainerd(tb testing.TB, b Backend, reg *Registry, opts ...Option) *C
 	}
 	tb.Logf("%s running: pid %d, endpoint %s, bridge %s %s", b, c.PID, c.Endpoint, c.Bridge, c.Subnet)
 	return c
+}
+
+// RequireRunsc skips tb (or fails it under CI=true) unless handler runsc
+// (gVisor) is registered in c.
+func (c *Containerd) RequireRunsc(tb testing.TB) {
+	tb.Helper()
+	Require(tb, "runtime handler runsc", c.Runsc, fmt.Sprintf(
+		"needs backend %s and gVisor in %s (runsc, containerd-shim-runsc-v1); run hack/install-deps.sh", Containerd2, GVisorBinDir()))
 }
 
 // Option configures StartContainerd.
@@ -171,8 +184,12 @@ func (c *Containerd) Start() error {
 	cmd := exec.Command(bin, "--config", c.ConfigPath)
 	cmd.Dir = c.Dir
 	cmd.Stdout, cmd.Stderr = logf, logf
-	// The backend's own shim comes first in PATH.
-	cmd.Env = append(filteredEnv("PATH"), "PATH="+filepath.Dir(bin)+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	// The backend's own shims come first in PATH.
+	path := filepath.Dir(bin)
+	if c.Runsc {
+		path += ":" + GVisorBinDir()
+	}
+	cmd.Env = append(filteredEnv("PATH"), "PATH="+path+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	// Own process group: a ^C to go test does not reach it before cleanup.
 	// Pdeathsig: it dies with the test process if that crashes.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -283,9 +283,10 @@ func controlPlaneEnv() []string {
 	return out
 }
 
-// spawn starts bin with args, output appended to logPath, in its own process
-// group, killed when the test binary dies.
-func (cp *ControlPlane) spawn(name, bin, logPath string, args []string) (*daemon, error) {
+// spawn starts bin with args and env added to controlPlaneEnv, output
+// appended to logPath, in its own process group, killed when the test
+// binary dies.
+func (cp *ControlPlane) spawn(name, bin, logPath string, args, env []string) (*daemon, error) {
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -294,7 +295,7 @@ func (cp *ControlPlane) spawn(name, bin, logPath string, args []string) (*daemon
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = cp.Dir
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = controlPlaneEnv()
+	cmd.Env = append(controlPlaneEnv(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := startLocked(cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
@@ -360,7 +361,7 @@ func (d *daemon) pid() int {
 }
 
 func (cp *ControlPlane) startEtcd() error {
-	d, err := cp.spawn("etcd", EtcdPath(), cp.EtcdLogPath, cp.etcdArgs)
+	d, err := cp.spawn("etcd", EtcdPath(), cp.EtcdLogPath, cp.etcdArgs, nil)
 	if err != nil {
 		return err
 	}
@@ -390,7 +391,7 @@ func (cp *ControlPlane) StartAPIServer() error {
 	if st, err := os.Stat(cp.APIServerLogPath); err == nil {
 		logOffset = st.Size()
 	}
-	d, err := cp.spawn("kube-apiserver", KubeAPIServerPath(), cp.APIServerLogPath, cp.apiArgs)
+	d, err := cp.spawn("kube-apiserver", KubeAPIServerPath(), cp.APIServerLogPath, cp.apiArgs, nil)
 	if err != nil {
 		return err
 	}

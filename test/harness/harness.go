@@ -33,7 +33,26 @@ const (
 	// hack/build-control-plane.sh.
 	KubeAPIServerVersion = "v1.37.2"
 	EtcdVersion          = "v3.6.16"
+	// GVisorVersion is the pseudo-version of gVisor's Go branch that
+	// hack/install-deps.sh builds runsc and containerd-shim-runsc-v1 from.
+	GVisorVersion = "v0.0.0-20260905035102-160fafc42237"
 )
+
+// RuntimeHandlerRunsc is the CRI runtime handler of gVisor in the containerd
+// 2.x instances (RuntimeHandler of RunPodSandbox; a RuntimeClass's handler).
+const RuntimeHandlerRunsc = "runsc"
+
+// GVisorBinDir holds runsc and containerd-shim-runsc-v1 ($INPLACED_GVISOR_BIN
+// overrides it).
+func GVisorBinDir() string {
+	return toolPath("INPLACED_GVISOR_BIN", filepath.Join(ToolsDir(), "gvisor-"+GVisorVersion, "bin"))
+}
+
+// RunscAvailable reports whether gVisor's binaries are installed.
+func RunscAvailable() bool {
+	return isExecutable(filepath.Join(GVisorBinDir(), "runsc")) &&
+		isExecutable(filepath.Join(GVisorBinDir(), "containerd-shim-runsc-v1"))
+}
 
 // CI reports whether the environment variable CI is "true": missing
 // prerequisites then fail tests instead of skipping them.
@@ -70,12 +89,6 @@ func ToolsDir() string {
 // CrictlPath is crictl v1.37 from ToolsDir ($INPLACED_CRICTL overrides it).
 func CrictlPath() string {
 	return toolPath("INPLACED_CRICTL", filepath.Join(ToolsDir(), "bin", "crictl"))
-}
-
-// PromtoolPath is promtool from the pinned Prometheus module in ToolsDir
-// ($INPLACED_PROMTOOL overrides it).
-func PromtoolPath() string {
-	return toolPath("INPLACED_PROMTOOL", filepath.Join(ToolsDir(), "bin", "promtool"))
 }
 
 // CritestPath is critest v1.37 from ToolsDir ($INPLACED_CRITEST overrides it).
@@ -202,4 +215,24 @@ func lookPathOr(name, def string) string {
 		return p
 	}
 	return def
+}
+
+// H2specPath is h2spec from ToolsDir, built by hack/install-deps.sh with
+// INPLACED_WITH_H2SPEC=1 (make conformance); $INPLACED_H2SPEC overrides it.
+func H2specPath() string {
+	return toolPath("INPLACED_H2SPEC", filepath.Join(ToolsDir(), "bin", "h2spec"))
+}
+
+// RunscSentries are the pids of gVisor's sandbox processes (the sentry,
+// argv[0] "runsc-sandbox") whose command line names sandboxID: one per
+// running pod sandbox on handler runsc.
+func RunscSentries(sandboxID string) []int {
+	var out []int
+	for _, p := range listProcs() {
+		argv0, _, _ := strings.Cut(p.cmdline, " ")
+		if !p.zombie && filepath.Base(argv0) == "runsc-sandbox" && strings.Contains(p.cmdline, sandboxID) {
+			out = append(out, p.pid)
+		}
+	}
+	return out
 }

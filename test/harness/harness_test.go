@@ -7,10 +7,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -241,4 +243,29 @@ func writeJSON(t *testing.T, dir, name string, v any) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestAuthRegistry: docker-registry with htpasswd refuses anonymous
+// requests and serves a copied image to its users; its log names who pulled.
+func TestAuthRegistry(t *testing.T) {
+	reg := StartRegistry(t)
+	imgs := reg.PushTestImages(t)
+	ar := StartAuthRegistry(t, reg, map[string]string{"alice": "pw-alice"})
+	ref := ar.Copy(t, imgs.App2, "team/app:v2", "alice")
+	r, err := name.ParseReference(ref, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := remote.Image(r); err == nil || !strings.Contains(err.Error(), "UNAUTHORIZED") {
+		t.Fatalf("anonymous read of %s: %v, want UNAUTHORIZED", ref, err)
+	}
+	if _, err := remote.Image(r, remote.WithAuth(&authn.Basic{Username: "alice", Password: "pw-alice"})); err != nil {
+		t.Fatalf("read of %s as alice: %v", ref, err)
+	}
+	if got := ar.Pulls("team/app"); len(got) != 1 || got[0] != "alice" {
+		t.Fatalf("pulls of team/app recorded as %q, want one by alice; accesses %+v", got, ar.Accesses())
+	}
+	if !slices.Contains(reg.Links(), ar.Addr) {
+		t.Fatalf("links %v: the auth registry is not served over plain HTTP to containerd", reg.Links())
+	}
 }

@@ -85,11 +85,12 @@ type Kubelet struct {
 	// RuntimeEndpoint no longer answers (e.g. containerd behind the proxy).
 	BackendEndpoint string
 
-	tb      testing.TB
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	waitErr error
+	extraArgs []string
+	tb        testing.TB
+	mu        sync.Mutex
+	cmd       *exec.Cmd
+	exited    chan struct{}
+	waitErr   error
 
 	// createdCgroups are CgroupRoot in every hierarchy where it did not
 	// exist before: made by the harness (v1) or by kubelet (unified).
@@ -121,7 +122,18 @@ type KubeletOptions struct {
 	// runs the API's pods bound to it (spec.nodeName), besides static pods.
 	// Without it kubelet runs standalone.
 	Kubeconfig string
+	// Dir is the kubelet's directory (default: a new temporary one); its
+	// --root-dir is KubeletRootDirIn(Dir), so that files kubelet reads there
+	// (the node's docker config.json) can be written before it starts. The
+	// kubelet's cleanup removes Dir.
+	Dir string
+	// ExtraArgs are appended to kubelet's command line (e.g.
+	// --image-credential-provider-config).
+	ExtraArgs []string
 }
+
+// KubeletRootDirIn is the --root-dir of a kubelet started with Dir dir.
+func KubeletRootDirIn(dir string) string { return filepath.Join(dir, "root") }
 
 // kernelTunables are the sysctls kubelet's container manager sets at start
 // (pkg/kubelet/cm/container_manager_linux.go, setupKernelTunables).
@@ -187,21 +199,24 @@ func StartKubelet(tb testing.TB, o KubeletOptions) *Kubelet {
 	if o.Verbosity == 0 {
 		o.Verbosity = 2
 	}
-	dir, err := os.MkdirTemp(shortTempDir(), "ipk")
-	if err != nil {
-		tb.Fatalf("kubelet: %v", err)
+	dir := o.Dir
+	var err error
+	if dir == "" {
+		if dir, err = os.MkdirTemp(shortTempDir(), "ipk"); err != nil {
+			tb.Fatalf("kubelet: %v", err)
+		}
 	}
 	suffix := randHex(4)
 	if o.NodeName == "" {
 		o.NodeName = "ipk-" + suffix
 	}
 	k := &Kubelet{
-		Dir: dir, RootDir: filepath.Join(dir, "root"), CertDir: filepath.Join(dir, "pki"),
+		Dir: dir, RootDir: KubeletRootDirIn(dir), CertDir: filepath.Join(dir, "pki"),
 		ManifestDir: filepath.Join(dir, "manifests"), PodLogsDir: filepath.Join(dir, "pod-logs"),
 		ConfigPath: filepath.Join(dir, "kubelet.yaml"), LogPath: filepath.Join(dir, "kubelet.log"),
 		NodeName: o.NodeName, CgroupRoot: "/inplaced-kubelet-" + suffix,
 		SyncFrequency: o.SyncFrequency, RuntimeEndpoint: o.RuntimeEndpoint, ImageEndpoint: o.ImageEndpoint,
-		BackendEndpoint: o.BackendEndpoint, tb: tb,
+		BackendEndpoint: o.BackendEndpoint, extraArgs: o.ExtraArgs, tb: tb,
 	}
 	tb.Cleanup(func() {
 		if err := k.Close(); err != nil {
@@ -371,6 +386,7 @@ func (k *Kubelet) start(verbosity int) error {
 	} else {
 		args = append(args, "--node-ip", "127.0.0.1")
 	}
+	args = append(args, k.extraArgs...)
 	cmd := exec.Command(KubeletPath(), args...)
 	cmd.Dir = k.Dir
 	cmd.Stdout, cmd.Stderr = logf, logf

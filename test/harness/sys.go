@@ -265,7 +265,9 @@ func cgroupRoots() []string {
 
 // removeCgroupTree removes the cgroup directory rel (e.g. "/inplaced-test/pod")
 // and its empty descendants in every hierarchy, bottom-up with rmdir only: a
-// cgroup that still has processes stays (and is reported).
+// cgroup that still has processes stays (and is reported). A cgroup whose
+// last task was killed a moment ago answers EBUSY until the task is reaped,
+// so the tree is retried for a few seconds, as kubelet's removeCgroups does.
 func removeCgroupTree(rel string) error {
 	var errs []error
 	for _, root := range cgroupRoots() {
@@ -273,20 +275,16 @@ func removeCgroupTree(rel string) error {
 		if !under(top, root) || top == root {
 			continue
 		}
-		if _, err := os.Stat(top); err != nil {
-			continue
-		}
-		var dirs []string
-		_ = filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, p)
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			err := rmdirTree(top)
+			if err == nil || time.Now().After(deadline) {
+				if err != nil {
+					errs = append(errs, err)
+				}
+				break
 			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			if err := os.Remove(dirs[i]); err != nil && !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, fmt.Errorf("rmdir %s: %w", dirs[i], err))
-			}
+			time.Sleep(200 * time.Millisecond)
 		}
 	}
 	return errors.Join(errs...)

@@ -994,8 +994,16 @@ type SwapRecord struct {
 	// container, or inplaced stepped aside and why).
 	Handoff string `protobuf:"bytes,20,opt,name=handoff,proto3" json:"handoff,omitempty"`
 	// kind "kubelet": the pod the change came from.
-	PodUid        string `protobuf:"bytes,21,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
-	ImageRef      string `protobuf:"bytes,22,opt,name=image_ref,json=imageRef,proto3" json:"image_ref,omitempty"` // the image the pull resolved to
+	PodUid   string `protobuf:"bytes,21,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	ImageRef string `protobuf:"bytes,22,opt,name=image_ref,json=imageRef,proto3" json:"image_ref,omitempty"` // the image the pull resolved to
+	// The pod sandbox's CRI runtime handler ("" is the runtime's default) and
+	// whether the swap kept the sandbox: afterwards the same sandbox is READY
+	// with the same IP, network namespace and, where the runtime reports one,
+	// sandbox process (for gVisor the sentry, for Kata the VM).
+	RuntimeHandler string `protobuf:"bytes,23,opt,name=runtime_handler,json=runtimeHandler,proto3" json:"runtime_handler,omitempty"`
+	SandboxKept    bool   `protobuf:"varint,24,opt,name=sandbox_kept,json=sandboxKept,proto3" json:"sandbox_kept,omitempty"`
+	// the connection hold around stop-old/start-new (see HoldRecord).
+	Hold          *HoldRecord `protobuf:"bytes,25,opt,name=hold,proto3" json:"hold,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1184,6 +1192,139 @@ func (x *SwapRecord) GetImageRef() string {
 	return ""
 }
 
+func (x *SwapRecord) GetRuntimeHandler() string {
+	if x != nil {
+		return x.RuntimeHandler
+	}
+	return ""
+}
+
+func (x *SwapRecord) GetSandboxKept() bool {
+	if x != nil {
+		return x.SandboxKept
+	}
+	return false
+}
+
+func (x *SwapRecord) GetHold() *HoldRecord {
+	if x != nil {
+		return x.Hold
+	}
+	return nil
+}
+
+// HoldRecord is what a swap did to keep new connections from being refused
+// while no process listened: new SYNs to the container's ports were parked
+// (queue) or dropped (drop) in the pod's network namespace, or nothing was
+// held (off, and why).
+type HoldRecord struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Mode            string                 `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`                                                 // queue, drop or off: the mode used
+	Why             string                 `protobuf:"bytes,2,opt,name=why,proto3" json:"why,omitempty"`                                                   // why that mode, or why nothing was held
+	Ports           []uint32               `protobuf:"varint,3,rep,packed,name=ports,proto3" json:"ports,omitempty"`                                       // ports held
+	DurationNs      int64                  `protobuf:"varint,4,opt,name=duration_ns,json=durationNs,proto3" json:"duration_ns,omitempty"`                  // installed → last port released
+	Parked          int64                  `protobuf:"varint,5,opt,name=parked,proto3" json:"parked,omitempty"`                                            // SYNs parked (queue; retransmits count)
+	Reason          string                 `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`                                             // listening, limit, aborted
+	LongestWaitNs   int64                  `protobuf:"varint,7,opt,name=longest_wait_ns,json=longestWaitNs,proto3" json:"longest_wait_ns,omitempty"`       // first parked SYN → its release
+	QuiesceNs       int64                  `protobuf:"varint,8,opt,name=quiesce_ns,json=quiesceNs,proto3" json:"quiesce_ns,omitempty"`                     // waiting for the old listener's accept queue
+	StartedUnixNano int64                  `protobuf:"varint,9,opt,name=started_unix_nano,json=startedUnixNano,proto3" json:"started_unix_nano,omitempty"` // when the hold was in place
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *HoldRecord) Reset() {
+	*x = HoldRecord{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldRecord) ProtoMessage() {}
+
+func (x *HoldRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldRecord.ProtoReflect.Descriptor instead.
+func (*HoldRecord) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *HoldRecord) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *HoldRecord) GetWhy() string {
+	if x != nil {
+		return x.Why
+	}
+	return ""
+}
+
+func (x *HoldRecord) GetPorts() []uint32 {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+func (x *HoldRecord) GetDurationNs() int64 {
+	if x != nil {
+		return x.DurationNs
+	}
+	return 0
+}
+
+func (x *HoldRecord) GetParked() int64 {
+	if x != nil {
+		return x.Parked
+	}
+	return 0
+}
+
+func (x *HoldRecord) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *HoldRecord) GetLongestWaitNs() int64 {
+	if x != nil {
+		return x.LongestWaitNs
+	}
+	return 0
+}
+
+func (x *HoldRecord) GetQuiesceNs() int64 {
+	if x != nil {
+		return x.QuiesceNs
+	}
+	return 0
+}
+
+func (x *HoldRecord) GetStartedUnixNano() int64 {
+	if x != nil {
+		return x.StartedUnixNano
+	}
+	return 0
+}
+
 type SwapEvent struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SwapId        string                 `protobuf:"bytes,1,opt,name=swap_id,json=swapId,proto3" json:"swap_id,omitempty"`
@@ -1198,7 +1339,7 @@ type SwapEvent struct {
 
 func (x *SwapEvent) Reset() {
 	*x = SwapEvent{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[12]
+	mi := &file_inplaced_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1210,7 +1351,7 @@ func (x *SwapEvent) String() string {
 func (*SwapEvent) ProtoMessage() {}
 
 func (x *SwapEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[12]
+	mi := &file_inplaced_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1223,7 +1364,7 @@ func (x *SwapEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SwapEvent.ProtoReflect.Descriptor instead.
 func (*SwapEvent) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SwapEvent) GetSwapId() string {
@@ -1277,7 +1418,7 @@ type WatchSwapRequest struct {
 
 func (x *WatchSwapRequest) Reset() {
 	*x = WatchSwapRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[13]
+	mi := &file_inplaced_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1289,7 +1430,7 @@ func (x *WatchSwapRequest) String() string {
 func (*WatchSwapRequest) ProtoMessage() {}
 
 func (x *WatchSwapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[13]
+	mi := &file_inplaced_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1302,7 +1443,7 @@ func (x *WatchSwapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSwapRequest.ProtoReflect.Descriptor instead.
 func (*WatchSwapRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WatchSwapRequest) GetId() string {
@@ -1321,7 +1462,7 @@ type GetSwapRequest struct {
 
 func (x *GetSwapRequest) Reset() {
 	*x = GetSwapRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[14]
+	mi := &file_inplaced_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1333,7 +1474,7 @@ func (x *GetSwapRequest) String() string {
 func (*GetSwapRequest) ProtoMessage() {}
 
 func (x *GetSwapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[14]
+	mi := &file_inplaced_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1346,7 +1487,7 @@ func (x *GetSwapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSwapRequest.ProtoReflect.Descriptor instead.
 func (*GetSwapRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{14}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetSwapRequest) GetId() string {
@@ -1365,7 +1506,7 @@ type ListSwapsRequest struct {
 
 func (x *ListSwapsRequest) Reset() {
 	*x = ListSwapsRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[15]
+	mi := &file_inplaced_v1_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1518,7 @@ func (x *ListSwapsRequest) String() string {
 func (*ListSwapsRequest) ProtoMessage() {}
 
 func (x *ListSwapsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[15]
+	mi := &file_inplaced_v1_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1531,7 @@ func (x *ListSwapsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSwapsRequest.ProtoReflect.Descriptor instead.
 func (*ListSwapsRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{15}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListSwapsRequest) GetTarget() *Target {
@@ -1409,7 +1550,7 @@ type ListSwapsResponse struct {
 
 func (x *ListSwapsResponse) Reset() {
 	*x = ListSwapsResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[16]
+	mi := &file_inplaced_v1_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1421,7 +1562,7 @@ func (x *ListSwapsResponse) String() string {
 func (*ListSwapsResponse) ProtoMessage() {}
 
 func (x *ListSwapsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[16]
+	mi := &file_inplaced_v1_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1434,7 +1575,7 @@ func (x *ListSwapsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSwapsResponse.ProtoReflect.Descriptor instead.
 func (*ListSwapsResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{16}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListSwapsResponse) GetSwaps() []*SwapRecord {
@@ -1454,7 +1595,7 @@ type RevertRequest struct {
 
 func (x *RevertRequest) Reset() {
 	*x = RevertRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[17]
+	mi := &file_inplaced_v1_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1607,7 @@ func (x *RevertRequest) String() string {
 func (*RevertRequest) ProtoMessage() {}
 
 func (x *RevertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[17]
+	mi := &file_inplaced_v1_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1620,7 @@ func (x *RevertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevertRequest.ProtoReflect.Descriptor instead.
 func (*RevertRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{17}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RevertRequest) GetTarget() *Target {
@@ -1512,7 +1653,7 @@ type Override struct {
 
 func (x *Override) Reset() {
 	*x = Override{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[18]
+	mi := &file_inplaced_v1_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1524,7 +1665,7 @@ func (x *Override) String() string {
 func (*Override) ProtoMessage() {}
 
 func (x *Override) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[18]
+	mi := &file_inplaced_v1_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1537,7 +1678,7 @@ func (x *Override) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Override.ProtoReflect.Descriptor instead.
 func (*Override) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{18}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Override) GetNamespace() string {
@@ -1604,7 +1745,7 @@ type ListOverridesRequest struct {
 
 func (x *ListOverridesRequest) Reset() {
 	*x = ListOverridesRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[19]
+	mi := &file_inplaced_v1_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1616,7 +1757,7 @@ func (x *ListOverridesRequest) String() string {
 func (*ListOverridesRequest) ProtoMessage() {}
 
 func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[19]
+	mi := &file_inplaced_v1_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1629,7 +1770,7 @@ func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesRequest.ProtoReflect.Descriptor instead.
 func (*ListOverridesRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{19}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{20}
 }
 
 type ListOverridesResponse struct {
@@ -1641,7 +1782,7 @@ type ListOverridesResponse struct {
 
 func (x *ListOverridesResponse) Reset() {
 	*x = ListOverridesResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[20]
+	mi := &file_inplaced_v1_control_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +1794,7 @@ func (x *ListOverridesResponse) String() string {
 func (*ListOverridesResponse) ProtoMessage() {}
 
 func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[20]
+	mi := &file_inplaced_v1_control_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +1807,7 @@ func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesResponse.ProtoReflect.Descriptor instead.
 func (*ListOverridesResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{20}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListOverridesResponse) GetOverrides() []*Override {
@@ -1686,7 +1827,7 @@ type ResizeRequest struct {
 
 func (x *ResizeRequest) Reset() {
 	*x = ResizeRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[21]
+	mi := &file_inplaced_v1_control_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1698,7 +1839,7 @@ func (x *ResizeRequest) String() string {
 func (*ResizeRequest) ProtoMessage() {}
 
 func (x *ResizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[21]
+	mi := &file_inplaced_v1_control_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1711,7 +1852,7 @@ func (x *ResizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeRequest.ProtoReflect.Descriptor instead.
 func (*ResizeRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{21}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ResizeRequest) GetTarget() *Target {
@@ -1740,7 +1881,7 @@ type ResizeValues struct {
 
 func (x *ResizeValues) Reset() {
 	*x = ResizeValues{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[22]
+	mi := &file_inplaced_v1_control_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1752,7 +1893,7 @@ func (x *ResizeValues) String() string {
 func (*ResizeValues) ProtoMessage() {}
 
 func (x *ResizeValues) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[22]
+	mi := &file_inplaced_v1_control_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1765,7 +1906,7 @@ func (x *ResizeValues) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeValues.ProtoReflect.Descriptor instead.
 func (*ResizeValues) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{22}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResizeValues) GetCpuQuota() int64 {
@@ -1797,29 +1938,46 @@ func (x *ResizeValues) GetMemoryLimitBytes() int64 {
 }
 
 type ResizeRecord struct {
-	state           protoimpl.MessageState `protogen:"open.v1"`
-	Id              string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Namespace       string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	Pod             string                 `protobuf:"bytes,3,opt,name=pod,proto3" json:"pod,omitempty"`
-	Container       string                 `protobuf:"bytes,4,opt,name=container,proto3" json:"container,omitempty"`
-	ContainerId     string                 `protobuf:"bytes,5,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
-	Caller          *Caller                `protobuf:"bytes,6,opt,name=caller,proto3" json:"caller,omitempty"`
-	From            *ResizeValues          `protobuf:"bytes,7,opt,name=from,proto3" json:"from,omitempty"`
-	To              *ResizeValues          `protobuf:"bytes,8,opt,name=to,proto3" json:"to,omitempty"`
-	InEffect        *ResizeValues          `protobuf:"bytes,9,opt,name=in_effect,json=inEffect,proto3" json:"in_effect,omitempty"`
-	Result          string                 `protobuf:"bytes,10,opt,name=result,proto3" json:"result,omitempty"` // "applied", "refused", "failed"
-	Error           string                 `protobuf:"bytes,11,opt,name=error,proto3" json:"error,omitempty"`
-	DurationNs      int64                  `protobuf:"varint,12,opt,name=duration_ns,json=durationNs,proto3" json:"duration_ns,omitempty"`
-	Method          string                 `protobuf:"bytes,13,opt,name=method,proto3" json:"method,omitempty"`     // "cgroup" (verified and repaired) or "backend" (VM sandbox)
-	Repaired        []string               `protobuf:"bytes,14,rep,name=repaired,proto3" json:"repaired,omitempty"` // cgroup files inplaced had to write itself
-	StartedUnixNano int64                  `protobuf:"varint,15,opt,name=started_unix_nano,json=startedUnixNano,proto3" json:"started_unix_nano,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Namespace   string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Pod         string                 `protobuf:"bytes,3,opt,name=pod,proto3" json:"pod,omitempty"`
+	Container   string                 `protobuf:"bytes,4,opt,name=container,proto3" json:"container,omitempty"`
+	ContainerId string                 `protobuf:"bytes,5,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Caller      *Caller                `protobuf:"bytes,6,opt,name=caller,proto3" json:"caller,omitempty"`
+	From        *ResizeValues          `protobuf:"bytes,7,opt,name=from,proto3" json:"from,omitempty"`
+	To          *ResizeValues          `protobuf:"bytes,8,opt,name=to,proto3" json:"to,omitempty"`
+	InEffect    *ResizeValues          `protobuf:"bytes,9,opt,name=in_effect,json=inEffect,proto3" json:"in_effect,omitempty"`
+	Result      string                 `protobuf:"bytes,10,opt,name=result,proto3" json:"result,omitempty"` // "applied", "refused", "failed"
+	Error       string                 `protobuf:"bytes,11,opt,name=error,proto3" json:"error,omitempty"`
+	DurationNs  int64                  `protobuf:"varint,12,opt,name=duration_ns,json=durationNs,proto3" json:"duration_ns,omitempty"`
+	// "cgroup" (container cgroups verified and repaired), "sandbox" (the pod
+	// cgroup of a sandbox the runtime governs as a whole) or "backend" (the
+	// runtime only).
+	Method          string   `protobuf:"bytes,13,opt,name=method,proto3" json:"method,omitempty"`
+	Repaired        []string `protobuf:"bytes,14,rep,name=repaired,proto3" json:"repaired,omitempty"` // cgroup files inplaced had to write itself
+	StartedUnixNano int64    `protobuf:"varint,15,opt,name=started_unix_nano,json=startedUnixNano,proto3" json:"started_unix_nano,omitempty"`
+	// The pod sandbox's CRI runtime handler and its runtime class (inplaced's
+	// table: "container-cgroups", "sandbox-cgroup", "vm", "unknown").
+	RuntimeHandler string `protobuf:"bytes,16,opt,name=runtime_handler,json=runtimeHandler,proto3" json:"runtime_handler,omitempty"`
+	RuntimeClass   string `protobuf:"bytes,17,opt,name=runtime_class,json=runtimeClass,proto3" json:"runtime_class,omitempty"`
+	// What holds the limit in effect, in words: enforced where ("host,
+	// per container", "host, whole sandbox", "not on the host"), by what (a
+	// cgroup path, or the runtime) and verified how ("read back from the
+	// cgroup files", or "requested from the runtime, not verified on the
+	// host"). With method "sandbox" from, to and in_effect are the pod
+	// cgroup's values and requested is what was asked for the container.
+	Enforced      string        `protobuf:"bytes,18,opt,name=enforced,proto3" json:"enforced,omitempty"`
+	EnforcedBy    string        `protobuf:"bytes,19,opt,name=enforced_by,json=enforcedBy,proto3" json:"enforced_by,omitempty"`
+	Verified      string        `protobuf:"bytes,20,opt,name=verified,proto3" json:"verified,omitempty"`
+	Requested     *ResizeValues `protobuf:"bytes,21,opt,name=requested,proto3" json:"requested,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ResizeRecord) Reset() {
 	*x = ResizeRecord{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[23]
+	mi := &file_inplaced_v1_control_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1831,7 +1989,7 @@ func (x *ResizeRecord) String() string {
 func (*ResizeRecord) ProtoMessage() {}
 
 func (x *ResizeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[23]
+	mi := &file_inplaced_v1_control_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1844,7 +2002,7 @@ func (x *ResizeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeRecord.ProtoReflect.Descriptor instead.
 func (*ResizeRecord) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{23}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResizeRecord) GetId() string {
@@ -1952,6 +2110,48 @@ func (x *ResizeRecord) GetStartedUnixNano() int64 {
 	return 0
 }
 
+func (x *ResizeRecord) GetRuntimeHandler() string {
+	if x != nil {
+		return x.RuntimeHandler
+	}
+	return ""
+}
+
+func (x *ResizeRecord) GetRuntimeClass() string {
+	if x != nil {
+		return x.RuntimeClass
+	}
+	return ""
+}
+
+func (x *ResizeRecord) GetEnforced() string {
+	if x != nil {
+		return x.Enforced
+	}
+	return ""
+}
+
+func (x *ResizeRecord) GetEnforcedBy() string {
+	if x != nil {
+		return x.EnforcedBy
+	}
+	return ""
+}
+
+func (x *ResizeRecord) GetVerified() string {
+	if x != nil {
+		return x.Verified
+	}
+	return ""
+}
+
+func (x *ResizeRecord) GetRequested() *ResizeValues {
+	if x != nil {
+		return x.Requested
+	}
+	return nil
+}
+
 type ListResizesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Target        *Target                `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
@@ -1961,7 +2161,7 @@ type ListResizesRequest struct {
 
 func (x *ListResizesRequest) Reset() {
 	*x = ListResizesRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[24]
+	mi := &file_inplaced_v1_control_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1973,7 +2173,7 @@ func (x *ListResizesRequest) String() string {
 func (*ListResizesRequest) ProtoMessage() {}
 
 func (x *ListResizesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[24]
+	mi := &file_inplaced_v1_control_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1986,7 +2186,7 @@ func (x *ListResizesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResizesRequest.ProtoReflect.Descriptor instead.
 func (*ListResizesRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{24}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListResizesRequest) GetTarget() *Target {
@@ -2005,7 +2205,7 @@ type ListResizesResponse struct {
 
 func (x *ListResizesResponse) Reset() {
 	*x = ListResizesResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[25]
+	mi := &file_inplaced_v1_control_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2017,7 +2217,7 @@ func (x *ListResizesResponse) String() string {
 func (*ListResizesResponse) ProtoMessage() {}
 
 func (x *ListResizesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[25]
+	mi := &file_inplaced_v1_control_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2030,7 +2230,7 @@ func (x *ListResizesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResizesResponse.ProtoReflect.Descriptor instead.
 func (*ListResizesResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{25}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListResizesResponse) GetResizes() []*ResizeRecord {
@@ -2048,7 +2248,7 @@ type CheckPodsRequest struct {
 
 func (x *CheckPodsRequest) Reset() {
 	*x = CheckPodsRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[26]
+	mi := &file_inplaced_v1_control_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2060,7 +2260,7 @@ func (x *CheckPodsRequest) String() string {
 func (*CheckPodsRequest) ProtoMessage() {}
 
 func (x *CheckPodsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[26]
+	mi := &file_inplaced_v1_control_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2073,7 +2273,7 @@ func (x *CheckPodsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckPodsRequest.ProtoReflect.Descriptor instead.
 func (*CheckPodsRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{26}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{27}
 }
 
 type PodFit struct {
@@ -2087,7 +2287,7 @@ type PodFit struct {
 
 func (x *PodFit) Reset() {
 	*x = PodFit{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[27]
+	mi := &file_inplaced_v1_control_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2099,7 +2299,7 @@ func (x *PodFit) String() string {
 func (*PodFit) ProtoMessage() {}
 
 func (x *PodFit) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[27]
+	mi := &file_inplaced_v1_control_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2112,7 +2312,7 @@ func (x *PodFit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodFit.ProtoReflect.Descriptor instead.
 func (*PodFit) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{27}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PodFit) GetNamespace() string {
@@ -2147,7 +2347,7 @@ type CheckPodsResponse struct {
 
 func (x *CheckPodsResponse) Reset() {
 	*x = CheckPodsResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[28]
+	mi := &file_inplaced_v1_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2159,7 +2359,7 @@ func (x *CheckPodsResponse) String() string {
 func (*CheckPodsResponse) ProtoMessage() {}
 
 func (x *CheckPodsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[28]
+	mi := &file_inplaced_v1_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2172,7 +2372,7 @@ func (x *CheckPodsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckPodsResponse.ProtoReflect.Descriptor instead.
 func (*CheckPodsResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{28}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CheckPodsResponse) GetNode() string {
@@ -2206,7 +2406,7 @@ type PrepullRequest struct {
 
 func (x *PrepullRequest) Reset() {
 	*x = PrepullRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[29]
+	mi := &file_inplaced_v1_control_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2218,7 +2418,7 @@ func (x *PrepullRequest) String() string {
 func (*PrepullRequest) ProtoMessage() {}
 
 func (x *PrepullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[29]
+	mi := &file_inplaced_v1_control_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2231,7 +2431,7 @@ func (x *PrepullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepullRequest.ProtoReflect.Descriptor instead.
 func (*PrepullRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{29}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PrepullRequest) GetImages() []string {
@@ -2274,7 +2474,7 @@ type PullProgress struct {
 
 func (x *PullProgress) Reset() {
 	*x = PullProgress{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[30]
+	mi := &file_inplaced_v1_control_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2286,7 +2486,7 @@ func (x *PullProgress) String() string {
 func (*PullProgress) ProtoMessage() {}
 
 func (x *PullProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[30]
+	mi := &file_inplaced_v1_control_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2299,7 +2499,7 @@ func (x *PullProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullProgress.ProtoReflect.Descriptor instead.
 func (*PullProgress) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{30}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PullProgress) GetImage() string {
@@ -2416,7 +2616,7 @@ type CancelPrepullRequest struct {
 
 func (x *CancelPrepullRequest) Reset() {
 	*x = CancelPrepullRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[31]
+	mi := &file_inplaced_v1_control_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2428,7 +2628,7 @@ func (x *CancelPrepullRequest) String() string {
 func (*CancelPrepullRequest) ProtoMessage() {}
 
 func (x *CancelPrepullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[31]
+	mi := &file_inplaced_v1_control_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2441,7 +2641,7 @@ func (x *CancelPrepullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelPrepullRequest.ProtoReflect.Descriptor instead.
 func (*CancelPrepullRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{31}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CancelPrepullRequest) GetId() string {
@@ -2459,7 +2659,7 @@ type CancelPrepullResponse struct {
 
 func (x *CancelPrepullResponse) Reset() {
 	*x = CancelPrepullResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[32]
+	mi := &file_inplaced_v1_control_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2471,7 +2671,7 @@ func (x *CancelPrepullResponse) String() string {
 func (*CancelPrepullResponse) ProtoMessage() {}
 
 func (x *CancelPrepullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[32]
+	mi := &file_inplaced_v1_control_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2484,7 +2684,7 @@ func (x *CancelPrepullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelPrepullResponse.ProtoReflect.Descriptor instead.
 func (*CancelPrepullResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{32}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{33}
 }
 
 type ListContainersRequest struct {
@@ -2497,7 +2697,7 @@ type ListContainersRequest struct {
 
 func (x *ListContainersRequest) Reset() {
 	*x = ListContainersRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[33]
+	mi := &file_inplaced_v1_control_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2509,7 +2709,7 @@ func (x *ListContainersRequest) String() string {
 func (*ListContainersRequest) ProtoMessage() {}
 
 func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[33]
+	mi := &file_inplaced_v1_control_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2522,7 +2722,7 @@ func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
 func (*ListContainersRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{33}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListContainersRequest) GetNamespace() string {
@@ -2558,13 +2758,14 @@ type ContainerInfo struct {
 	LastResizeId       string                 `protobuf:"bytes,15,opt,name=last_resize_id,json=lastResizeId,proto3" json:"last_resize_id,omitempty"`
 	LastResizeResult   string                 `protobuf:"bytes,16,opt,name=last_resize_result,json=lastResizeResult,proto3" json:"last_resize_result,omitempty"`
 	LastResizeUnixNano int64                  `protobuf:"varint,17,opt,name=last_resize_unix_nano,json=lastResizeUnixNano,proto3" json:"last_resize_unix_nano,omitempty"`
+	LastResizeEnforced string                 `protobuf:"bytes,18,opt,name=last_resize_enforced,json=lastResizeEnforced,proto3" json:"last_resize_enforced,omitempty"` // the last resize's ResizeRecord.enforced
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ContainerInfo) Reset() {
 	*x = ContainerInfo{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[34]
+	mi := &file_inplaced_v1_control_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2576,7 +2777,7 @@ func (x *ContainerInfo) String() string {
 func (*ContainerInfo) ProtoMessage() {}
 
 func (x *ContainerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[34]
+	mi := &file_inplaced_v1_control_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2589,7 +2790,7 @@ func (x *ContainerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerInfo.ProtoReflect.Descriptor instead.
 func (*ContainerInfo) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{34}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ContainerInfo) GetId() string {
@@ -2711,6 +2912,13 @@ func (x *ContainerInfo) GetLastResizeUnixNano() int64 {
 	return 0
 }
 
+func (x *ContainerInfo) GetLastResizeEnforced() string {
+	if x != nil {
+		return x.LastResizeEnforced
+	}
+	return ""
+}
+
 type ListContainersResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Containers    []*ContainerInfo       `protobuf:"bytes,1,rep,name=containers,proto3" json:"containers,omitempty"`
@@ -2720,7 +2928,7 @@ type ListContainersResponse struct {
 
 func (x *ListContainersResponse) Reset() {
 	*x = ListContainersResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[35]
+	mi := &file_inplaced_v1_control_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2732,7 +2940,7 @@ func (x *ListContainersResponse) String() string {
 func (*ListContainersResponse) ProtoMessage() {}
 
 func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[35]
+	mi := &file_inplaced_v1_control_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2745,7 +2953,7 @@ func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
 func (*ListContainersResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{35}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListContainersResponse) GetContainers() []*ContainerInfo {
@@ -2765,7 +2973,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[36]
+	mi := &file_inplaced_v1_control_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2777,7 +2985,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[36]
+	mi := &file_inplaced_v1_control_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2790,7 +2998,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{36}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WatchRequest) GetNamespace() string {
@@ -2829,7 +3037,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[37]
+	mi := &file_inplaced_v1_control_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2841,7 +3049,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[37]
+	mi := &file_inplaced_v1_control_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2854,7 +3062,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{37}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Event) GetKind() string {
@@ -2930,6 +3138,196 @@ func (x *Event) GetResizeId() string {
 func (x *Event) GetState() string {
 	if x != nil {
 		return x.State
+	}
+	return ""
+}
+
+type StatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusRequest) Reset() {
+	*x = StatusRequest{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusRequest) ProtoMessage() {}
+
+func (x *StatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
+func (*StatusRequest) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{39}
+}
+
+// HealthProblem is one part of inplaced out of service. CRI pass-through
+// goes on whatever is listed here.
+type HealthProblem struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Part          string                 `protobuf:"bytes,1,opt,name=part,proto3" json:"part,omitempty"`     // state, kubeconfig, metrics
+	What          string                 `protobuf:"bytes,2,opt,name=what,proto3" json:"what,omitempty"`     // what is wrong
+	Action        string                 `protobuf:"bytes,3,opt,name=action,proto3" json:"action,omitempty"` // what the operator does about it
+	SinceUnixNano int64                  `protobuf:"varint,4,opt,name=since_unix_nano,json=sinceUnixNano,proto3" json:"since_unix_nano,omitempty"`
+	BlocksSwaps   bool                   `protobuf:"varint,5,opt,name=blocks_swaps,json=blocksSwaps,proto3" json:"blocks_swaps,omitempty"` // swaps and resizes are refused while it lasts
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HealthProblem) Reset() {
+	*x = HealthProblem{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthProblem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthProblem) ProtoMessage() {}
+
+func (x *HealthProblem) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthProblem.ProtoReflect.Descriptor instead.
+func (*HealthProblem) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *HealthProblem) GetPart() string {
+	if x != nil {
+		return x.Part
+	}
+	return ""
+}
+
+func (x *HealthProblem) GetWhat() string {
+	if x != nil {
+		return x.What
+	}
+	return ""
+}
+
+func (x *HealthProblem) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *HealthProblem) GetSinceUnixNano() int64 {
+	if x != nil {
+		return x.SinceUnixNano
+	}
+	return 0
+}
+
+func (x *HealthProblem) GetBlocksSwaps() bool {
+	if x != nil {
+		return x.BlocksSwaps
+	}
+	return false
+}
+
+type StatusResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	SwapsAllowed  bool                   `protobuf:"varint,2,opt,name=swaps_allowed,json=swapsAllowed,proto3" json:"swaps_allowed,omitempty"`
+	Problems      []*HealthProblem       `protobuf:"bytes,3,rep,name=problems,proto3" json:"problems,omitempty"`
+	StateFile     string                 `protobuf:"bytes,4,opt,name=state_file,json=stateFile,proto3" json:"state_file,omitempty"`
+	Kubernetes    string                 `protobuf:"bytes,5,opt,name=kubernetes,proto3" json:"kubernetes,omitempty"` // off, waiting (for the kubeconfig), on
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusResponse) Reset() {
+	*x = StatusResponse{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusResponse) ProtoMessage() {}
+
+func (x *StatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
+func (*StatusResponse) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *StatusResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetSwapsAllowed() bool {
+	if x != nil {
+		return x.SwapsAllowed
+	}
+	return false
+}
+
+func (x *StatusResponse) GetProblems() []*HealthProblem {
+	if x != nil {
+		return x.Problems
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetStateFile() string {
+	if x != nil {
+		return x.StateFile
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetKubernetes() string {
+	if x != nil {
+		return x.Kubernetes
 	}
 	return ""
 }
@@ -3021,7 +3419,7 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\tR\x03env\x12\x18\n" +
 	"\acommand\x18\x03 \x03(\tR\acommand\x12\x12\n" +
-	"\x04args\x18\x04 \x03(\tR\x04args\"\x81\x06\n" +
+	"\x04args\x18\x04 \x03(\tR\x04args\"\xfa\x06\n" +
 	"\n" +
 	"SwapRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
@@ -3048,7 +3446,23 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"\x04kind\x18\x13 \x01(\tR\x04kind\x12\x18\n" +
 	"\ahandoff\x18\x14 \x01(\tR\ahandoff\x12\x17\n" +
 	"\apod_uid\x18\x15 \x01(\tR\x06podUid\x12\x1b\n" +
-	"\timage_ref\x18\x16 \x01(\tR\bimageRef\"\xd8\x01\n" +
+	"\timage_ref\x18\x16 \x01(\tR\bimageRef\x12'\n" +
+	"\x0fruntime_handler\x18\x17 \x01(\tR\x0eruntimeHandler\x12!\n" +
+	"\fsandbox_kept\x18\x18 \x01(\bR\vsandboxKept\x12+\n" +
+	"\x04hold\x18\x19 \x01(\v2\x17.inplaced.v1.HoldRecordR\x04hold\"\x8c\x02\n" +
+	"\n" +
+	"HoldRecord\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x10\n" +
+	"\x03why\x18\x02 \x01(\tR\x03why\x12\x14\n" +
+	"\x05ports\x18\x03 \x03(\rR\x05ports\x12\x1f\n" +
+	"\vduration_ns\x18\x04 \x01(\x03R\n" +
+	"durationNs\x12\x16\n" +
+	"\x06parked\x18\x05 \x01(\x03R\x06parked\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x12&\n" +
+	"\x0flongest_wait_ns\x18\a \x01(\x03R\rlongestWaitNs\x12\x1d\n" +
+	"\n" +
+	"quiesce_ns\x18\b \x01(\x03R\tquiesceNs\x12*\n" +
+	"\x11started_unix_nano\x18\t \x01(\x03R\x0fstartedUnixNano\"\xd8\x01\n" +
 	"\tSwapEvent\x12\x17\n" +
 	"\aswap_id\x18\x01 \x01(\tR\x06swapId\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\tR\x04step\x12\x18\n" +
@@ -3089,7 +3503,7 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"cpu_period\x18\x02 \x01(\x03R\tcpuPeriod\x12\x1d\n" +
 	"\n" +
 	"cpu_shares\x18\x03 \x01(\x03R\tcpuShares\x12,\n" +
-	"\x12memory_limit_bytes\x18\x04 \x01(\x03R\x10memoryLimitBytes\"\xfd\x03\n" +
+	"\x12memory_limit_bytes\x18\x04 \x01(\x03R\x10memoryLimitBytes\"\xdd\x05\n" +
 	"\fResizeRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x10\n" +
@@ -3107,7 +3521,14 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"durationNs\x12\x16\n" +
 	"\x06method\x18\r \x01(\tR\x06method\x12\x1a\n" +
 	"\brepaired\x18\x0e \x03(\tR\brepaired\x12*\n" +
-	"\x11started_unix_nano\x18\x0f \x01(\x03R\x0fstartedUnixNano\"A\n" +
+	"\x11started_unix_nano\x18\x0f \x01(\x03R\x0fstartedUnixNano\x12'\n" +
+	"\x0fruntime_handler\x18\x10 \x01(\tR\x0eruntimeHandler\x12#\n" +
+	"\rruntime_class\x18\x11 \x01(\tR\fruntimeClass\x12\x1a\n" +
+	"\benforced\x18\x12 \x01(\tR\benforced\x12\x1f\n" +
+	"\venforced_by\x18\x13 \x01(\tR\n" +
+	"enforcedBy\x12\x1a\n" +
+	"\bverified\x18\x14 \x01(\tR\bverified\x127\n" +
+	"\trequested\x18\x15 \x01(\v2\x19.inplaced.v1.ResizeValuesR\trequested\"A\n" +
 	"\x12ListResizesRequest\x12+\n" +
 	"\x06target\x18\x01 \x01(\v2\x13.inplaced.v1.TargetR\x06target\"J\n" +
 	"\x13ListResizesResponse\x123\n" +
@@ -3152,7 +3573,7 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"\x15CancelPrepullResponse\"G\n" +
 	"\x15ListContainersRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
-	"\x03pod\x18\x02 \x01(\tR\x03pod\"\xc4\x04\n" +
+	"\x03pod\x18\x02 \x01(\tR\x03pod\"\xf6\x04\n" +
 	"\rContainerInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x10\n" +
@@ -3172,7 +3593,8 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"\frunning_step\x18\x0e \x01(\tR\vrunningStep\x12$\n" +
 	"\x0elast_resize_id\x18\x0f \x01(\tR\flastResizeId\x12,\n" +
 	"\x12last_resize_result\x18\x10 \x01(\tR\x10lastResizeResult\x121\n" +
-	"\x15last_resize_unix_nano\x18\x11 \x01(\x03R\x12lastResizeUnixNano\"T\n" +
+	"\x15last_resize_unix_nano\x18\x11 \x01(\x03R\x12lastResizeUnixNano\x120\n" +
+	"\x14last_resize_enforced\x18\x12 \x01(\tR\x12lastResizeEnforced\"T\n" +
 	"\x16ListContainersResponse\x12:\n" +
 	"\n" +
 	"containers\x18\x01 \x03(\v2\x1a.inplaced.v1.ContainerInfoR\n" +
@@ -3192,14 +3614,30 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"\fcontainer_id\x18\t \x01(\tR\vcontainerId\x12\x1b\n" +
 	"\tresize_id\x18\n" +
 	" \x01(\tR\bresizeId\x12\x14\n" +
-	"\x05state\x18\v \x01(\tR\x05state*\xa8\x01\n" +
+	"\x05state\x18\v \x01(\tR\x05state\"\x0f\n" +
+	"\rStatusRequest\"\x9a\x01\n" +
+	"\rHealthProblem\x12\x12\n" +
+	"\x04part\x18\x01 \x01(\tR\x04part\x12\x12\n" +
+	"\x04what\x18\x02 \x01(\tR\x04what\x12\x16\n" +
+	"\x06action\x18\x03 \x01(\tR\x06action\x12&\n" +
+	"\x0fsince_unix_nano\x18\x04 \x01(\x03R\rsinceUnixNano\x12!\n" +
+	"\fblocks_swaps\x18\x05 \x01(\bR\vblocksSwaps\"\xc6\x01\n" +
+	"\x0eStatusResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x12#\n" +
+	"\rswaps_allowed\x18\x02 \x01(\bR\fswapsAllowed\x126\n" +
+	"\bproblems\x18\x03 \x03(\v2\x1a.inplaced.v1.HealthProblemR\bproblems\x12\x1d\n" +
+	"\n" +
+	"state_file\x18\x04 \x01(\tR\tstateFile\x12\x1e\n" +
+	"\n" +
+	"kubernetes\x18\x05 \x01(\tR\n" +
+	"kubernetes*\xa8\x01\n" +
 	"\tSwapState\x12\x1a\n" +
 	"\x16SWAP_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12SWAP_STATE_RUNNING\x10\x01\x12\x18\n" +
 	"\x14SWAP_STATE_COMMITTED\x10\x02\x12\x15\n" +
 	"\x11SWAP_STATE_FAILED\x10\x03\x12\x1e\n" +
 	"\x1aSWAP_STATE_ROLLBACK_FAILED\x10\x04\x12\x16\n" +
-	"\x12SWAP_STATE_ABORTED\x10\x052\xc1\a\n" +
+	"\x12SWAP_STATE_ABORTED\x10\x052\x84\b\n" +
 	"\aControl\x12:\n" +
 	"\x04Swap\x12\x18.inplaced.v1.SwapRequest\x1a\x16.inplaced.v1.SwapEvent0\x01\x12D\n" +
 	"\tWatchSwap\x12\x1d.inplaced.v1.WatchSwapRequest\x1a\x16.inplaced.v1.SwapEvent0\x01\x12?\n" +
@@ -3213,7 +3651,8 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"\aPrepull\x12\x1b.inplaced.v1.PrepullRequest\x1a\x19.inplaced.v1.PullProgress0\x01\x12V\n" +
 	"\rCancelPrepull\x12!.inplaced.v1.CancelPrepullRequest\x1a\".inplaced.v1.CancelPrepullResponse\x12Y\n" +
 	"\x0eListContainers\x12\".inplaced.v1.ListContainersRequest\x1a#.inplaced.v1.ListContainersResponse\x128\n" +
-	"\x05Watch\x12\x19.inplaced.v1.WatchRequest\x1a\x12.inplaced.v1.Event0\x01B;Z9github.com/inplaced/inplaced/proto/inplaced/v1;inplacedv1b\x06proto3"
+	"\x05Watch\x12\x19.inplaced.v1.WatchRequest\x1a\x12.inplaced.v1.Event0\x01\x12A\n" +
+	"\x06Status\x12\x1a.inplaced.v1.StatusRequest\x1a\x1b.inplaced.v1.StatusResponseB;Z9github.com/inplaced/inplaced/proto/inplaced/v1;inplacedv1b\x06proto3"
 
 var (
 	file_inplaced_v1_control_proto_rawDescOnce sync.Once
@@ -3228,7 +3667,7 @@ func file_inplaced_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_inplaced_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_inplaced_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_inplaced_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_inplaced_v1_control_proto_goTypes = []any{
 	(SwapState)(0),                 // 0: inplaced.v1.SwapState
 	(*Target)(nil),                 // 1: inplaced.v1.Target
@@ -3243,36 +3682,40 @@ var file_inplaced_v1_control_proto_goTypes = []any{
 	(*Caller)(nil),                 // 10: inplaced.v1.Caller
 	(*ConfigSummary)(nil),          // 11: inplaced.v1.ConfigSummary
 	(*SwapRecord)(nil),             // 12: inplaced.v1.SwapRecord
-	(*SwapEvent)(nil),              // 13: inplaced.v1.SwapEvent
-	(*WatchSwapRequest)(nil),       // 14: inplaced.v1.WatchSwapRequest
-	(*GetSwapRequest)(nil),         // 15: inplaced.v1.GetSwapRequest
-	(*ListSwapsRequest)(nil),       // 16: inplaced.v1.ListSwapsRequest
-	(*ListSwapsResponse)(nil),      // 17: inplaced.v1.ListSwapsResponse
-	(*RevertRequest)(nil),          // 18: inplaced.v1.RevertRequest
-	(*Override)(nil),               // 19: inplaced.v1.Override
-	(*ListOverridesRequest)(nil),   // 20: inplaced.v1.ListOverridesRequest
-	(*ListOverridesResponse)(nil),  // 21: inplaced.v1.ListOverridesResponse
-	(*ResizeRequest)(nil),          // 22: inplaced.v1.ResizeRequest
-	(*ResizeValues)(nil),           // 23: inplaced.v1.ResizeValues
-	(*ResizeRecord)(nil),           // 24: inplaced.v1.ResizeRecord
-	(*ListResizesRequest)(nil),     // 25: inplaced.v1.ListResizesRequest
-	(*ListResizesResponse)(nil),    // 26: inplaced.v1.ListResizesResponse
-	(*CheckPodsRequest)(nil),       // 27: inplaced.v1.CheckPodsRequest
-	(*PodFit)(nil),                 // 28: inplaced.v1.PodFit
-	(*CheckPodsResponse)(nil),      // 29: inplaced.v1.CheckPodsResponse
-	(*PrepullRequest)(nil),         // 30: inplaced.v1.PrepullRequest
-	(*PullProgress)(nil),           // 31: inplaced.v1.PullProgress
-	(*CancelPrepullRequest)(nil),   // 32: inplaced.v1.CancelPrepullRequest
-	(*CancelPrepullResponse)(nil),  // 33: inplaced.v1.CancelPrepullResponse
-	(*ListContainersRequest)(nil),  // 34: inplaced.v1.ListContainersRequest
-	(*ContainerInfo)(nil),          // 35: inplaced.v1.ContainerInfo
-	(*ListContainersResponse)(nil), // 36: inplaced.v1.ListContainersResponse
-	(*WatchRequest)(nil),           // 37: inplaced.v1.WatchRequest
-	(*Event)(nil),                  // 38: inplaced.v1.Event
-	nil,                            // 39: inplaced.v1.Change.SetEnvEntry
+	(*HoldRecord)(nil),             // 13: inplaced.v1.HoldRecord
+	(*SwapEvent)(nil),              // 14: inplaced.v1.SwapEvent
+	(*WatchSwapRequest)(nil),       // 15: inplaced.v1.WatchSwapRequest
+	(*GetSwapRequest)(nil),         // 16: inplaced.v1.GetSwapRequest
+	(*ListSwapsRequest)(nil),       // 17: inplaced.v1.ListSwapsRequest
+	(*ListSwapsResponse)(nil),      // 18: inplaced.v1.ListSwapsResponse
+	(*RevertRequest)(nil),          // 19: inplaced.v1.RevertRequest
+	(*Override)(nil),               // 20: inplaced.v1.Override
+	(*ListOverridesRequest)(nil),   // 21: inplaced.v1.ListOverridesRequest
+	(*ListOverridesResponse)(nil),  // 22: inplaced.v1.ListOverridesResponse
+	(*ResizeRequest)(nil),          // 23: inplaced.v1.ResizeRequest
+	(*ResizeValues)(nil),           // 24: inplaced.v1.ResizeValues
+	(*ResizeRecord)(nil),           // 25: inplaced.v1.ResizeRecord
+	(*ListResizesRequest)(nil),     // 26: inplaced.v1.ListResizesRequest
+	(*ListResizesResponse)(nil),    // 27: inplaced.v1.ListResizesResponse
+	(*CheckPodsRequest)(nil),       // 28: inplaced.v1.CheckPodsRequest
+	(*PodFit)(nil),                 // 29: inplaced.v1.PodFit
+	(*CheckPodsResponse)(nil),      // 30: inplaced.v1.CheckPodsResponse
+	(*PrepullRequest)(nil),         // 31: inplaced.v1.PrepullRequest
+	(*PullProgress)(nil),           // 32: inplaced.v1.PullProgress
+	(*CancelPrepullRequest)(nil),   // 33: inplaced.v1.CancelPrepullRequest
+	(*CancelPrepullResponse)(nil),  // 34: inplaced.v1.CancelPrepullResponse
+	(*ListContainersRequest)(nil),  // 35: inplaced.v1.ListContainersRequest
+	(*ContainerInfo)(nil),          // 36: inplaced.v1.ContainerInfo
+	(*ListContainersResponse)(nil), // 37: inplaced.v1.ListContainersResponse
+	(*WatchRequest)(nil),           // 38: inplaced.v1.WatchRequest
+	(*Event)(nil),                  // 39: inplaced.v1.Event
+	(*StatusRequest)(nil),          // 40: inplaced.v1.StatusRequest
+	(*HealthProblem)(nil),          // 41: inplaced.v1.HealthProblem
+	(*StatusResponse)(nil),         // 42: inplaced.v1.StatusResponse
+	nil,                            // 43: inplaced.v1.Change.SetEnvEntry
 }
 var file_inplaced_v1_control_proto_depIdxs = []int32{
-	39, // 0: inplaced.v1.Change.set_env:type_name -> inplaced.v1.Change.SetEnvEntry
+	43, // 0: inplaced.v1.Change.set_env:type_name -> inplaced.v1.Change.SetEnvEntry
 	3,  // 1: inplaced.v1.Change.resources:type_name -> inplaced.v1.Resources
 	5,  // 2: inplaced.v1.Handler.http_get:type_name -> inplaced.v1.HTTPGet
 	4,  // 3: inplaced.v1.SwapOptions.pre_stop:type_name -> inplaced.v1.Handler
@@ -3282,62 +3725,67 @@ var file_inplaced_v1_control_proto_depIdxs = []int32{
 	2,  // 7: inplaced.v1.SwapRequest.change:type_name -> inplaced.v1.Change
 	7,  // 8: inplaced.v1.SwapRequest.options:type_name -> inplaced.v1.SwapOptions
 	6,  // 9: inplaced.v1.SwapRequest.auth:type_name -> inplaced.v1.RegistryAuth
-	31, // 10: inplaced.v1.Step.pull:type_name -> inplaced.v1.PullProgress
+	32, // 10: inplaced.v1.Step.pull:type_name -> inplaced.v1.PullProgress
 	11, // 11: inplaced.v1.SwapRecord.from:type_name -> inplaced.v1.ConfigSummary
 	11, // 12: inplaced.v1.SwapRecord.to:type_name -> inplaced.v1.ConfigSummary
 	10, // 13: inplaced.v1.SwapRecord.caller:type_name -> inplaced.v1.Caller
 	0,  // 14: inplaced.v1.SwapRecord.state:type_name -> inplaced.v1.SwapState
 	9,  // 15: inplaced.v1.SwapRecord.steps:type_name -> inplaced.v1.Step
-	12, // 16: inplaced.v1.SwapEvent.record:type_name -> inplaced.v1.SwapRecord
-	31, // 17: inplaced.v1.SwapEvent.pull:type_name -> inplaced.v1.PullProgress
-	1,  // 18: inplaced.v1.ListSwapsRequest.target:type_name -> inplaced.v1.Target
-	12, // 19: inplaced.v1.ListSwapsResponse.swaps:type_name -> inplaced.v1.SwapRecord
-	1,  // 20: inplaced.v1.RevertRequest.target:type_name -> inplaced.v1.Target
-	7,  // 21: inplaced.v1.RevertRequest.options:type_name -> inplaced.v1.SwapOptions
-	11, // 22: inplaced.v1.Override.to:type_name -> inplaced.v1.ConfigSummary
-	19, // 23: inplaced.v1.ListOverridesResponse.overrides:type_name -> inplaced.v1.Override
-	1,  // 24: inplaced.v1.ResizeRequest.target:type_name -> inplaced.v1.Target
-	3,  // 25: inplaced.v1.ResizeRequest.resources:type_name -> inplaced.v1.Resources
-	10, // 26: inplaced.v1.ResizeRecord.caller:type_name -> inplaced.v1.Caller
-	23, // 27: inplaced.v1.ResizeRecord.from:type_name -> inplaced.v1.ResizeValues
-	23, // 28: inplaced.v1.ResizeRecord.to:type_name -> inplaced.v1.ResizeValues
-	23, // 29: inplaced.v1.ResizeRecord.in_effect:type_name -> inplaced.v1.ResizeValues
-	1,  // 30: inplaced.v1.ListResizesRequest.target:type_name -> inplaced.v1.Target
-	24, // 31: inplaced.v1.ListResizesResponse.resizes:type_name -> inplaced.v1.ResizeRecord
-	28, // 32: inplaced.v1.CheckPodsResponse.misfits:type_name -> inplaced.v1.PodFit
-	6,  // 33: inplaced.v1.PrepullRequest.auth:type_name -> inplaced.v1.RegistryAuth
-	35, // 34: inplaced.v1.ListContainersResponse.containers:type_name -> inplaced.v1.ContainerInfo
-	8,  // 35: inplaced.v1.Control.Swap:input_type -> inplaced.v1.SwapRequest
-	14, // 36: inplaced.v1.Control.WatchSwap:input_type -> inplaced.v1.WatchSwapRequest
-	15, // 37: inplaced.v1.Control.GetSwap:input_type -> inplaced.v1.GetSwapRequest
-	16, // 38: inplaced.v1.Control.ListSwaps:input_type -> inplaced.v1.ListSwapsRequest
-	18, // 39: inplaced.v1.Control.Revert:input_type -> inplaced.v1.RevertRequest
-	20, // 40: inplaced.v1.Control.ListOverrides:input_type -> inplaced.v1.ListOverridesRequest
-	22, // 41: inplaced.v1.Control.Resize:input_type -> inplaced.v1.ResizeRequest
-	25, // 42: inplaced.v1.Control.ListResizes:input_type -> inplaced.v1.ListResizesRequest
-	27, // 43: inplaced.v1.Control.CheckPods:input_type -> inplaced.v1.CheckPodsRequest
-	30, // 44: inplaced.v1.Control.Prepull:input_type -> inplaced.v1.PrepullRequest
-	32, // 45: inplaced.v1.Control.CancelPrepull:input_type -> inplaced.v1.CancelPrepullRequest
-	34, // 46: inplaced.v1.Control.ListContainers:input_type -> inplaced.v1.ListContainersRequest
-	37, // 47: inplaced.v1.Control.Watch:input_type -> inplaced.v1.WatchRequest
-	13, // 48: inplaced.v1.Control.Swap:output_type -> inplaced.v1.SwapEvent
-	13, // 49: inplaced.v1.Control.WatchSwap:output_type -> inplaced.v1.SwapEvent
-	12, // 50: inplaced.v1.Control.GetSwap:output_type -> inplaced.v1.SwapRecord
-	17, // 51: inplaced.v1.Control.ListSwaps:output_type -> inplaced.v1.ListSwapsResponse
-	13, // 52: inplaced.v1.Control.Revert:output_type -> inplaced.v1.SwapEvent
-	21, // 53: inplaced.v1.Control.ListOverrides:output_type -> inplaced.v1.ListOverridesResponse
-	24, // 54: inplaced.v1.Control.Resize:output_type -> inplaced.v1.ResizeRecord
-	26, // 55: inplaced.v1.Control.ListResizes:output_type -> inplaced.v1.ListResizesResponse
-	29, // 56: inplaced.v1.Control.CheckPods:output_type -> inplaced.v1.CheckPodsResponse
-	31, // 57: inplaced.v1.Control.Prepull:output_type -> inplaced.v1.PullProgress
-	33, // 58: inplaced.v1.Control.CancelPrepull:output_type -> inplaced.v1.CancelPrepullResponse
-	36, // 59: inplaced.v1.Control.ListContainers:output_type -> inplaced.v1.ListContainersResponse
-	38, // 60: inplaced.v1.Control.Watch:output_type -> inplaced.v1.Event
-	48, // [48:61] is the sub-list for method output_type
-	35, // [35:48] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	13, // 16: inplaced.v1.SwapRecord.hold:type_name -> inplaced.v1.HoldRecord
+	12, // 17: inplaced.v1.SwapEvent.record:type_name -> inplaced.v1.SwapRecord
+	32, // 18: inplaced.v1.SwapEvent.pull:type_name -> inplaced.v1.PullProgress
+	1,  // 19: inplaced.v1.ListSwapsRequest.target:type_name -> inplaced.v1.Target
+	12, // 20: inplaced.v1.ListSwapsResponse.swaps:type_name -> inplaced.v1.SwapRecord
+	1,  // 21: inplaced.v1.RevertRequest.target:type_name -> inplaced.v1.Target
+	7,  // 22: inplaced.v1.RevertRequest.options:type_name -> inplaced.v1.SwapOptions
+	11, // 23: inplaced.v1.Override.to:type_name -> inplaced.v1.ConfigSummary
+	20, // 24: inplaced.v1.ListOverridesResponse.overrides:type_name -> inplaced.v1.Override
+	1,  // 25: inplaced.v1.ResizeRequest.target:type_name -> inplaced.v1.Target
+	3,  // 26: inplaced.v1.ResizeRequest.resources:type_name -> inplaced.v1.Resources
+	10, // 27: inplaced.v1.ResizeRecord.caller:type_name -> inplaced.v1.Caller
+	24, // 28: inplaced.v1.ResizeRecord.from:type_name -> inplaced.v1.ResizeValues
+	24, // 29: inplaced.v1.ResizeRecord.to:type_name -> inplaced.v1.ResizeValues
+	24, // 30: inplaced.v1.ResizeRecord.in_effect:type_name -> inplaced.v1.ResizeValues
+	24, // 31: inplaced.v1.ResizeRecord.requested:type_name -> inplaced.v1.ResizeValues
+	1,  // 32: inplaced.v1.ListResizesRequest.target:type_name -> inplaced.v1.Target
+	25, // 33: inplaced.v1.ListResizesResponse.resizes:type_name -> inplaced.v1.ResizeRecord
+	29, // 34: inplaced.v1.CheckPodsResponse.misfits:type_name -> inplaced.v1.PodFit
+	6,  // 35: inplaced.v1.PrepullRequest.auth:type_name -> inplaced.v1.RegistryAuth
+	36, // 36: inplaced.v1.ListContainersResponse.containers:type_name -> inplaced.v1.ContainerInfo
+	41, // 37: inplaced.v1.StatusResponse.problems:type_name -> inplaced.v1.HealthProblem
+	8,  // 38: inplaced.v1.Control.Swap:input_type -> inplaced.v1.SwapRequest
+	15, // 39: inplaced.v1.Control.WatchSwap:input_type -> inplaced.v1.WatchSwapRequest
+	16, // 40: inplaced.v1.Control.GetSwap:input_type -> inplaced.v1.GetSwapRequest
+	17, // 41: inplaced.v1.Control.ListSwaps:input_type -> inplaced.v1.ListSwapsRequest
+	19, // 42: inplaced.v1.Control.Revert:input_type -> inplaced.v1.RevertRequest
+	21, // 43: inplaced.v1.Control.ListOverrides:input_type -> inplaced.v1.ListOverridesRequest
+	23, // 44: inplaced.v1.Control.Resize:input_type -> inplaced.v1.ResizeRequest
+	26, // 45: inplaced.v1.Control.ListResizes:input_type -> inplaced.v1.ListResizesRequest
+	28, // 46: inplaced.v1.Control.CheckPods:input_type -> inplaced.v1.CheckPodsRequest
+	31, // 47: inplaced.v1.Control.Prepull:input_type -> inplaced.v1.PrepullRequest
+	33, // 48: inplaced.v1.Control.CancelPrepull:input_type -> inplaced.v1.CancelPrepullRequest
+	35, // 49: inplaced.v1.Control.ListContainers:input_type -> inplaced.v1.ListContainersRequest
+	38, // 50: inplaced.v1.Control.Watch:input_type -> inplaced.v1.WatchRequest
+	40, // 51: inplaced.v1.Control.Status:input_type -> inplaced.v1.StatusRequest
+	14, // 52: inplaced.v1.Control.Swap:output_type -> inplaced.v1.SwapEvent
+	14, // 53: inplaced.v1.Control.WatchSwap:output_type -> inplaced.v1.SwapEvent
+	12, // 54: inplaced.v1.Control.GetSwap:output_type -> inplaced.v1.SwapRecord
+	18, // 55: inplaced.v1.Control.ListSwaps:output_type -> inplaced.v1.ListSwapsResponse
+	14, // 56: inplaced.v1.Control.Revert:output_type -> inplaced.v1.SwapEvent
+	22, // 57: inplaced.v1.Control.ListOverrides:output_type -> inplaced.v1.ListOverridesResponse
+	25, // 58: inplaced.v1.Control.Resize:output_type -> inplaced.v1.ResizeRecord
+	27, // 59: inplaced.v1.Control.ListResizes:output_type -> inplaced.v1.ListResizesResponse
+	30, // 60: inplaced.v1.Control.CheckPods:output_type -> inplaced.v1.CheckPodsResponse
+	32, // 61: inplaced.v1.Control.Prepull:output_type -> inplaced.v1.PullProgress
+	34, // 62: inplaced.v1.Control.CancelPrepull:output_type -> inplaced.v1.CancelPrepullResponse
+	37, // 63: inplaced.v1.Control.ListContainers:output_type -> inplaced.v1.ListContainersResponse
+	39, // 64: inplaced.v1.Control.Watch:output_type -> inplaced.v1.Event
+	42, // 65: inplaced.v1.Control.Status:output_type -> inplaced.v1.StatusResponse
+	52, // [52:66] is the sub-list for method output_type
+	38, // [38:52] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_inplaced_v1_control_proto_init() }
@@ -3352,7 +3800,7 @@ func file_inplaced_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_inplaced_v1_control_proto_rawDesc), len(file_inplaced_v1_control_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   39,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

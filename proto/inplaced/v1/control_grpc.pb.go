@@ -35,6 +35,7 @@ const (
 	Control_CancelPrepull_FullMethodName  = "/inplaced.v1.Control/CancelPrepull"
 	Control_ListContainers_FullMethodName = "/inplaced.v1.Control/ListContainers"
 	Control_Watch_FullMethodName          = "/inplaced.v1.Control/Watch"
+	Control_Status_FullMethodName         = "/inplaced.v1.Control/Status"
 )
 
 // ControlClient is the client API for Control service.
@@ -70,6 +71,9 @@ type ControlClient interface {
 	// Watch streams what inplaced does: swaps and their steps, resizes,
 	// overrides set and dropped, kubelet calls waiting on a swap's fence.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Event], error)
+	// Status says whether inplaced serves in full or only as a transparent
+	// CRI proxy, and why: the parts out of service, each with what to do.
+	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
 }
 
 type controlClient struct {
@@ -255,6 +259,16 @@ func (c *controlClient) Watch(ctx context.Context, in *WatchRequest, opts ...grp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Control_WatchClient = grpc.ServerStreamingClient[Event]
 
+func (c *controlClient) Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StatusResponse)
+	err := c.cc.Invoke(ctx, Control_Status_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ControlServer is the server API for Control service.
 // All implementations must embed UnimplementedControlServer
 // for forward compatibility.
@@ -288,6 +302,9 @@ type ControlServer interface {
 	// Watch streams what inplaced does: swaps and their steps, resizes,
 	// overrides set and dropped, kubelet calls waiting on a swap's fence.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[Event]) error
+	// Status says whether inplaced serves in full or only as a transparent
+	// CRI proxy, and why: the parts out of service, each with what to do.
+	Status(context.Context, *StatusRequest) (*StatusResponse, error)
 	mustEmbedUnimplementedControlServer()
 }
 
@@ -336,6 +353,9 @@ func (UnimplementedControlServer) ListContainers(context.Context, *ListContainer
 }
 func (UnimplementedControlServer) Watch(*WatchRequest, grpc.ServerStreamingServer[Event]) error {
 	return status.Errorf(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedControlServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Status not implemented")
 }
 func (UnimplementedControlServer) mustEmbedUnimplementedControlServer() {}
 func (UnimplementedControlServer) testEmbeddedByValue()                 {}
@@ -557,6 +577,24 @@ func _Control_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Control_WatchServer = grpc.ServerStreamingServer[Event]
 
+func _Control_Status_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControlServer).Status(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Control_Status_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControlServer).Status(ctx, req.(*StatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Control_ServiceDesc is the grpc.ServiceDesc for Control service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -595,6 +633,10 @@ var Control_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListContainers",
 			Handler:    _Control_ListContainers_Handler,
+		},
+		{
+			MethodName: "Status",
+			Handler:    _Control_Status_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -284,7 +284,7 @@ func (d *doc) vsFloorTable(b *strings.Builder, be string) {
 	if len(pairs) == 0 {
 		return
 	}
-	fmt.Fprintf(b, "inplaced against the Go byte relay in the same rounds (issue 12: added p50 ≤ %.0f× the floor's, CPU per call ≤ %.1f× the floor's):\n\n",
+	fmt.Fprintf(b, "inplaced against the Go byte relay in the same rounds (targets: added p50 ≤ %.0f× the floor's, CPU per call ≤ %.1f× the floor's):\n\n",
 		TargetAddedVsGoFloor, TargetCPUVsGoFloor)
 	fmt.Fprintf(b, "| Call | Callers | inplaced added p50 | Go floor added p50 | Ratio | inplaced CPU per call | Go floor CPU per call | Ratio | Go floor moved | Direct moved | Verdict |\n")
 	fmt.Fprintf(b, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")

@@ -300,7 +300,7 @@ func RenderKubeletLoad(w io.Writer, r KubeletLoadRun, docEnv string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Benchmarks: what a node pays (kubelet through inplaced)\n\n")
 	fmt.Fprintf(&b, "Written by `BenchmarkKubeletLoad` (`test/bench/kubeletload_test.go`) when `$%s` names this file "+
-		"(`hack/bench.sh` sets it: `BENCH=KubeletLoad hack/bench.sh`); do not edit by hand. Issue 12, must-show 3. "+
+		"(`hack/bench.sh` sets it: `BENCH=KubeletLoad hack/bench.sh`); do not edit by hand. "+
 		"The rest of `make bench` is in [benchmarks.md](benchmarks.md).\n\n", docEnv)
 	fmt.Fprintf(&b, "## Machine and run\n\n| | |\n|---|---|\n")
 	fmt.Fprintf(&b, "| Host | `%s`: %s, %d CPUs, kernel %s |\n", r.Host, r.CPUModel, r.NProc, r.Kernel)

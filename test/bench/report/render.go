@@ -63,6 +63,8 @@ func Render(w io.Writer, in Input) error {
 	d.latency(&b)
 	d.downtime(&b)
 	d.resize(&b)
+	d.swapRuntime(&b)
+	d.swapHold(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -80,6 +82,8 @@ type doc struct {
 	relayCost []*Latency                    // BenchmarkRelayCost's cells
 	rz        map[string]map[string]GoBench // backend → variant
 	rzOrder   []string
+	swapRT    []GoBench // BenchmarkSwapRuntime/<backend>
+	hold      []GoBench // BenchmarkSwapHold/<backend>
 }
 
 func newDoc(in Input) *doc {
@@ -128,6 +132,14 @@ func newDoc(in Input) *doc {
 	}
 	for _, gb := range in.GoBench {
 		parts := strings.Split(gb.Name, "/")
+		if parts[0] == "BenchmarkSwapRuntime" && len(parts) == 2 && gb.Metrics["runsc-ms"] > 0 {
+			d.swapRT = append(d.swapRT, gb)
+			continue
+		}
+		if parts[0] == "BenchmarkSwapHold" && len(parts) == 2 && gb.Metrics["reps"] > 0 {
+			d.hold = append(d.hold, gb)
+			continue
+		}
 		if parts[0] != "BenchmarkResize" || len(parts) < 3 {
 			continue
 		}
@@ -497,7 +509,7 @@ func (d *doc) targets(b *strings.Builder) {
 }
 
 func (d *doc) latency(b *strings.Builder) {
-	fmt.Fprintf(b, "## 1. Per-call cost of the proxy (issue 2)\n\n")
+	fmt.Fprintf(b, "## 1. Per-call cost of the proxy\n\n")
 	fmt.Fprintf(b, "`BenchmarkCRI` (`test/bench/cri_bench_test.go`). On each backend: %s; "+
 		"every container carries kubelet's labels and annotations, so ListContainers answers with a kubelet-sized message. "+
 		"One CRI client connection to containerd's socket (*direct*) and one to inplaced's (*proxy*: client → inplaced → containerd), "+
@@ -616,7 +628,7 @@ func (d *doc) relayCostTable(b *strings.Builder) {
 		"direct and relayed batches alternate, at 1 and 16 callers sharing one connection. *CPU per call* is the relay process's CPU time "+
 		"(its threads' run time, `/proc/<pid>/task/*/schedstat`) over the calls it relayed; *instructions per call* (user space, "+
 		"`valgrind --tool=callgrind`) are there only when the run set `INPLACED_RELAY_COST_VALGRIND=1`, and then latency and CPU are valgrind's "+
-		"and no CPU is shown. *÷ floor* compares with the Go byte relay's figure of the same cell. No target is judged here: the issue-12 "+
+		"and no CPU is shown. *÷ floor* compares with the Go byte relay's figure of the same cell. No target is judged here: the proxy's cost "+
 		"targets are judged on BenchmarkCRI, against containerd (section 1).\n\n")
 	fmt.Fprintf(b, "| Call | Callers | Relay | Direct p50 | Relayed p50 | Added p50 | ÷ floor | CPU per call | ÷ floor | Instructions per call | ÷ floor | p50 moved between rounds | Conditions |\n")
 	fmt.Fprintf(b, "|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
@@ -828,7 +840,7 @@ func (d *doc) hasLinkImages() bool {
 }
 
 func (d *doc) downtime(b *strings.Builder) {
-	fmt.Fprintf(b, "## 2. Swap downtime (issue 3)\n\n")
+	fmt.Fprintf(b, "## 2. Swap downtime\n\n")
 	fmt.Fprintf(b, "`BenchmarkReplace` (`test/bench/replace_bench_test.go`). A pod runs App1 (an HTTP server that exits on SIGTERM); "+
 		"its container is replaced by a new image three ways. Downtime is the same for all three: from the **old container stopped "+
 		"(its StopContainer returned) until StartContainer of the new one returned** — the time the container name has nothing running. "+
@@ -962,7 +974,7 @@ const (
 )
 
 func (d *doc) resize(b *strings.Builder) {
-	fmt.Fprintf(b, "## 3. In-place resize (issue 5)\n\n")
+	fmt.Fprintf(b, "## 3. In-place resize\n\n")
 	if len(d.rz) == 0 {
 		if d.in.ResizeFile {
 			fmt.Fprintf(b, "`test/bench/resize_bench_test.go` was present but reported no `BenchmarkResize/<backend>/<variant>` results in this run (skipped or failed: see the bench log).\n\n")
@@ -994,6 +1006,58 @@ func (d *doc) resize(b *strings.Builder) {
 				fmt.Fprintf(b, "| %s (%s) | %s | | | | | |\n", be, k, fmtNs(ns(k)))
 			}
 		}
+	}
+	b.WriteString("\n")
+}
+
+// swapRuntime is BenchmarkSwapRuntime's section: swap downtime on gVisor
+// (runsc) against runc, in the same run.
+func (d *doc) swapRuntime(b *strings.Builder) {
+	fmt.Fprintf(b, "## 4. Swap downtime on a sandboxed runtime (gVisor)\n\n")
+	if len(d.swapRT) == 0 {
+		fmt.Fprintf(b, "`BenchmarkSwapRuntime` (`test/bench/runtime_bench_test.go`) reported no results in this run (not selected, skipped or failed: see the bench log).\n\n")
+		return
+	}
+	fmt.Fprintf(b, "`BenchmarkSwapRuntime` (`test/bench/runtime_bench_test.go`): `inplacectl swap` App1 → App2 in a fresh pod per repetition, "+
+		"on gVisor (CRI handler `runsc`, systrap platform) and on runc, taking turns in the same run; the new image is already on the node. "+
+		"Downtime is the record's `downtime_ns` (old container stopped → new one started); medians. "+
+		"On gVisor the sandbox (the sentry) is kept across the swap, as the pod's network namespace and IP are on both.\n\n")
+	fmt.Fprintf(b, "| Backend | gVisor (runsc) | runc | runsc ÷ runc | start-new on runsc | start-new on runc | Repetitions each |\n")
+	fmt.Fprintf(b, "|---|--:|--:|--:|--:|--:|--:|\n")
+	for _, gb := range d.swapRT {
+		m := gb.Metrics
+		ms := func(k string) string { return fmtNs(m[k] * 1e6) }
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %.0f |\n", strings.TrimPrefix(gb.Name, "BenchmarkSwapRuntime/"),
+			ms("runsc-ms"), ms("runc-ms"), fmtRatio(m["runsc/runc"]), ms("runsc-start-new-ms"), ms("runc-start-new-ms"), m["reps"])
+	}
+	b.WriteString("\n")
+}
+
+// swapHold is BenchmarkSwapHold's section: what a client dialling the pod IP
+// sees during a swap, with the connection hold and without it.
+func (d *doc) swapHold(b *strings.Builder) {
+	fmt.Fprintf(b, "## 5. New connections during a swap: the connection hold on and off\n\n")
+	if len(d.hold) == 0 {
+		fmt.Fprintf(b, "`BenchmarkSwapHold` (`test/bench/hold_bench_test.go`) reported no results in this run (not selected, skipped or failed: see the bench log).\n\n")
+		return
+	}
+	fmt.Fprintf(b, "`BenchmarkSwapHold` (`test/bench/hold_bench_test.go`): `inplacectl swap` App1 → App2 in a fresh pod per repetition, "+
+		"with the connection hold (`queue`, the default) and without it (the pod's annotation `inplaced.io/connection-hold: off`), taking turns; "+
+		"a client on the node opens a new TCP connection to the pod IP every 5 ms from 300 ms before the swap to 300 ms after. "+
+		"*Failed*: refused, reset or timed out, summed over the repetitions. *Slowest*: the slowest handshake of a repetition, median. "+
+		"*Gap*: the hold's duration from the record (installed → the new process listening), median. "+
+		"Target: no failure with the hold, and every repetition's slowest handshake within 1.2 × its gap + 20 ms (*worst ratio* ≤ 1).\n\n")
+	fmt.Fprintf(b, "| Backend | Failed, hold | Slowest, hold | Gap | Worst ratio | Failed, off | Slowest, off | Repetitions each | Target |\n")
+	fmt.Fprintf(b, "|---|--:|--:|--:|--:|--:|--:|--:|---|\n")
+	for _, gb := range d.hold {
+		m := gb.Metrics
+		ms := func(k string) string { return fmtNs(m[k] * 1e6) }
+		verdict := "**PASS**"
+		if m["hold-failed"] > 0 || m["slowest/limit"] > 1 {
+			verdict = "**FAIL**"
+		}
+		fmt.Fprintf(b, "| %s | %.0f | %s | %s | %.2f | %.0f | %s | %.0f | %s |\n", strings.TrimPrefix(gb.Name, "BenchmarkSwapHold/"),
+			m["hold-failed"], ms("hold-slowest-ms"), ms("hold-gap-ms"), m["slowest/limit"], m["off-failed"], ms("off-slowest-ms"), m["reps"], verdict)
 	}
 	b.WriteString("\n")
 }

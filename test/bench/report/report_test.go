@@ -196,3 +196,34 @@ func TestRenderResize(t *testing.T) {
 		t.Errorf("markdown lacks %q:\n%s", want, buf.String())
 	}
 }
+
+func TestRenderSwapRuntime(t *testing.T) {
+	var b strings.Builder
+	in := Input{GoBench: []GoBench{{Name: "BenchmarkSwapRuntime/containerd-2.4", N: 1, Metrics: map[string]float64{
+		"runsc-ms": 212, "runc-ms": 61, "runsc/runc": 3.47, "runsc-start-new-ms": 201, "runc-start-new-ms": 55, "reps": 5}}}}
+	if err := Render(&b, in); err != nil {
+		t.Fatal(err)
+	}
+	if want := "| containerd-2.4 | 212 ms | 61 ms | 3.47× | 201 ms | 55 ms | 5 |"; !strings.Contains(b.String(), want) {
+		t.Errorf("section 4 lacks %q:\n%s", want, b.String()[strings.Index(b.String(), "## 4."):])
+	}
+}
+
+func TestRenderSwapHold(t *testing.T) {
+	var b strings.Builder
+	in := Input{GoBench: []GoBench{{Name: "BenchmarkSwapHold/containerd-2.4", N: 1, Metrics: map[string]float64{
+		"hold-failed": 0, "hold-slowest-ms": 180, "hold-gap-ms": 190, "slowest/limit": 0.8, "off-failed": 31, "off-slowest-ms": 12, "reps": 5}},
+		{Name: "BenchmarkSwapHold/containerd-1.6", N: 1, Metrics: map[string]float64{
+			"hold-failed": 2, "hold-slowest-ms": 180, "hold-gap-ms": 190, "slowest/limit": 0.8, "off-failed": 31, "off-slowest-ms": 12, "reps": 5}}}}
+	if err := Render(&b, in); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| containerd-2.4 | 0 | 180 ms | 190 ms | 0.80 | 31 | 12 ms | 5 | **PASS** |",
+		"| containerd-1.6 | 2 | 180 ms | 190 ms | 0.80 | 31 | 12 ms | 5 | **FAIL** |",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("section 5 lacks %q:\n%s", want, b.String()[strings.Index(b.String(), "## 5."):])
+		}
+	}
+}

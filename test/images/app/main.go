@@ -3,7 +3,7 @@
 // that the two images carry different binaries.
 //
 // It prints its version, serves HTTP on -listen (GET /version, GET /healthz,
-// and 200 for any other GET) and otherwise waits; SIGTERM or SIGINT make it exit
+// GET /peer: version and the client's address, and 200 for any other GET) and otherwise waits; SIGTERM or SIGINT make it exit
 // 0. -exit N makes it print its version and exit at once with code N (the Crash
 // image uses -exit 3). With -listen "" it only waits; as PID 1 it reaps
 // orphaned children (the Pause image runs it as /pause -listen=).
@@ -95,6 +95,12 @@ func run(args []string) int {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, version)
+	})
+	// /peer: the version and the client's address as this process sees it
+	// (the connection-hold e2e checks that a held client's own address
+	// reaches the new process).
+	mux.HandleFunc("GET /peer", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s\n", version, r.RemoteAddr)
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")

@@ -26,7 +26,13 @@ func TestSwap(t *testing.T) {
 	oldCg := procCgroup(t, old.pid)
 	t.Logf("before: container %s in %s, pod IP %s", old.status.Id[:12], oldCg, before.Status.PodIP)
 
+	// A device dialling the pod IP every 5 ms through the swap: with the
+	// connection hold (this kernel has the native nft queue expression) no
+	// connection is refused.
+	dialer := harness.StartDialer(before.Status.PodIP + ":8080")
+
 	out, err := inplacectl("swap", podName("sw"), "-n", "default", "-c", container, "--image", imgApp2, "--env", "X=Y", "--min-runtime", "2s", "-o", "json")
+	dials := dialer.End()
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -36,6 +42,12 @@ func TestSwap(t *testing.T) {
 		OldContainerID     string `json:"old_container_id"`
 		RunningContainerID string `json:"running_container_id"`
 		DowntimeNs         string `json:"downtime_ns"`
+		Hold               struct {
+			Mode   string `json:"mode"`
+			Why    string `json:"why"`
+			Reason string `json:"reason"`
+			Parked string `json:"parked"` // uint64: a string in protobuf JSON
+		} `json:"hold"`
 	}
 	if i := strings.LastIndex(out, "\n{"); i >= 0 {
 		out = out[i+1:]
@@ -48,6 +60,14 @@ func TestSwap(t *testing.T) {
 	}
 	dt, _ := strconv.ParseInt(rec.DowntimeNs, 10, 64)
 	t.Logf("swap committed: %s → %s, downtime %s", rec.OldContainerID[:12], rec.RunningContainerID[:12], time.Duration(dt).Round(time.Millisecond))
+	tally := harness.TallyDials(t, dials)
+	t.Logf("hold %+v; %d connections: %+v", rec.Hold, len(dials), tally)
+	if rec.Hold.Mode != "queue" || rec.Hold.Reason != "listening" || strings.Contains(rec.Hold.Why, "nft_compat") {
+		t.Errorf("hold %+v: want the native queue, released when v2 listened", rec.Hold)
+	}
+	if tally.Failed() != 0 || tally.ByVersion["v2"] == 0 {
+		t.Errorf("connections during the swap: %+v, want none failed and v2 answering", tally)
+	}
 
 	p := waitPod(t, "sw", 2*time.Minute, func(p *harness.KubePod) error {
 		c := p.Container(container)

@@ -1,0 +1,59 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/inplaced/inplaced/pkg/hold"
+	"github.com/inplaced/inplaced/pkg/swap"
+)
+
+// holder is package hold behind the engine's Holder interface, so that the
+// engine stays free of netlink and testable with a fake.
+type holder struct{}
+
+func (holder) Ports(netns string, pid int, declared []uint16) ([]uint16, error) {
+	if netns == "" || pid == 0 {
+		return nil, errors.New("the backend's verbose status gives no pid or network namespace")
+	}
+	pids, err := hold.CgroupPids(pid)
+	if err != nil {
+		return nil, err
+	}
+	p, err := hold.Discover(netns, pids, declared)
+	return p.Hold, err
+}
+
+func (holder) Hold(ctx context.Context, netns string, ports []uint16, mode string) (swap.ActiveHold, error) {
+	m, err := hold.ParseMode(mode)
+	if err != nil {
+		return nil, err
+	}
+	h, err := hold.Hold(ctx, netns, ports, m)
+	if err != nil {
+		return nil, err
+	}
+	return activeHold{h}, nil
+}
+
+func (holder) Remove(netns string) ([]string, error) { return hold.Remove(netns) }
+
+type activeHold struct{ h *hold.Held }
+
+func (a activeHold) Mode() string { return string(a.h.Mode()) }
+func (a activeHold) Why() string  { return a.h.Why() }
+func (a activeHold) Quiesce(ctx context.Context, max time.Duration) time.Duration {
+	return a.h.Quiesce(ctx, max)
+}
+
+func (a activeHold) ReleaseWhenListening(ctx context.Context, limit time.Duration) swap.HoldResult {
+	r := a.h.ReleaseWhenListening(ctx, limit)
+	out := swap.HoldResult{Parked: int64(r.Parked()), Duration: r.Duration, Err: r.Err}
+	for _, p := range r.Ports {
+		out.Ports = append(out.Ports, p.Port)
+		out.LongestWait = max(out.LongestWait, p.LongestWait)
+		out.Reason = p.Reason
+	}
+	return out
+}

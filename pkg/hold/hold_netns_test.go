@@ -1,0 +1,337 @@
+package hold
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+
+	"github.com/inplaced/inplaced/test/harness"
+)
+
+// testNS is a network namespace with a veth pair to the test's own: the
+// pod's side is podIP.
+type testNS struct {
+	name, path string
+	podIP      string
+	ns         *os.File
+}
+
+func newTestNS(t *testing.T) *testNS {
+	t.Helper()
+	harness.RequireRoot(t)
+	_, err := exec.LookPath("ip")
+	harness.Require(t, "ip", err == nil, "install iproute2")
+	n := rand.IntN(200) + 20
+	tn := &testNS{name: fmt.Sprintf("inplhold%d", n), podIP: fmt.Sprintf("10.252.%d.2", n)}
+	tn.path = "/var/run/netns/" + tn.name
+	host := fmt.Sprintf("ihh%d", n)
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	ip("netns", "add", tn.name)
+	t.Cleanup(func() {
+		_ = exec.Command("ip", "link", "del", host).Run()
+		_ = exec.Command("ip", "netns", "del", tn.name).Run()
+	})
+	ip("link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", tn.name)
+	ip("addr", "add", fmt.Sprintf("10.252.%d.1/30", n), "dev", host)
+	ip("link", "set", host, "up")
+	ip("-n", tn.name, "addr", "add", tn.podIP+"/30", "dev", "eth0")
+	ip("-n", tn.name, "link", "set", "eth0", "up")
+	ip("-n", tn.name, "link", "set", "lo", "up")
+	tn.ns, err = openNetNS(tn.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tn.ns.Close() })
+	return tn
+}
+
+// serve listens on :port in the namespace (dual stack, as a Go app does)
+// and answers each connection with "<version> <client address>" (what
+// harness.Dialer reads).
+func (tn *testNS) serve(t *testing.T, version string, port int) net.Listener {
+	t.Helper()
+	var l net.Listener
+	if err := inNetNS(tn.ns, func() (err error) { l, err = net.Listen("tcp", fmt.Sprintf(":%d", port)); return err }); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			// Read the request first: closing with it unread would reset
+			// the connection under the client. Then an HTTP/1.0 answer, as
+			// the test app's GET /peer gives.
+			_, _ = bufio.NewReader(c).ReadString('\n')
+			fmt.Fprintf(c, "HTTP/1.0 200 OK\r\n\r\n%s %s\n", version, c.RemoteAddr())
+			c.Close()
+		}
+	}()
+	return l
+}
+
+// tables lists this package's tables in the namespace.
+func (tn *testNS) tables(t *testing.T) []string {
+	t.Helper()
+	c, err := nftables.New(nftables.WithNetNSFd(int(tn.ns.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := c.ListTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, tb := range ts {
+		if strings.HasPrefix(tb.Name, TablePrefix) {
+			out = append(out, tb.Name)
+		}
+	}
+	return out
+}
+
+// TestHoldQueue is a swap in miniature: v1 stops, v2 listens gap later,
+// while a client dials every 5 ms. Nothing is refused, the held SYNs land
+// on v2, which sees the client's own address, and the table is gone after.
+func TestHoldQueue(t *testing.T) {
+	tn := newTestNS(t)
+	const port, gap = 8080, 150 * time.Millisecond
+	if got := tn.tables(t); len(got) != 0 {
+		t.Fatalf("tables before the hold: %v", got)
+	}
+	v1 := tn.serve(t, "v1", port)
+	d := harness.StartDialer(fmt.Sprintf("%s:%d", tn.podIP, port))
+	time.Sleep(300 * time.Millisecond)
+
+	found, err := Discover(tn.path, []int{os.Getpid()}, []uint16{9999})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(found.Observed) != "[8080]" || fmt.Sprint(found.Hold) != "[8080 9999]" {
+		t.Fatalf("discovered %+v, want observed [8080], hold [8080 9999]", found)
+	}
+	h, err := Hold(context.Background(), tn.path, []uint16{port}, ModeQueue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("mode %s (%s), table %s", h.Mode(), h.Why(), h.Table())
+	if h.Mode() != ModeQueue {
+		t.Fatalf("mode %s: %s", h.Mode(), h.Why())
+	}
+	if got := tn.tables(t); len(got) == 0 {
+		t.Fatal("no table while holding")
+	}
+	t.Logf("quiesced in %s", h.Quiesce(context.Background(), 200*time.Millisecond))
+	done := make(chan Result, 1)
+	go func() { done <- h.ReleaseWhenListening(context.Background(), 5*time.Second) }()
+	v1.Close()
+	time.Sleep(gap)
+	v2 := tn.serve(t, "v2", port)
+	defer v2.Close()
+	res := <-done
+	// The release (v2 seen listening, the rule gone, the verdicts given):
+	// the anchor of the waits, as in the e2e. On a loaded machine it comes
+	// some ms after v2's listen; the hold's own delay is that, not the 50 ms.
+	released := time.Now()
+	time.Sleep(300 * time.Millisecond)
+	as := d.End()
+	s := harness.TallyDials(t, as)
+	t.Logf("result %+v; client %+v", res, s)
+	if res.Err != nil {
+		t.Error(res.Err)
+	}
+	if len(res.Ports) != 1 || res.Ports[0].Reason != ReasonListening {
+		t.Errorf("ports %+v, want 8080 released for listening", res.Ports)
+	}
+	if s.Failed() > 0 {
+		t.Errorf("client saw failures: %+v", s)
+	}
+	if res.Parked() == 0 || s.ByVersion["v2"] == 0 || s.ByVersion["v1"] == 0 {
+		t.Errorf("parked %d, v1 %d, v2 %d: want some of each", res.Parked(), s.ByVersion["v1"], s.ByVersion["v2"])
+	}
+	harness.CheckWaits(t, as, released)
+	if got := tn.tables(t); len(got) != 0 {
+		t.Errorf("tables after the hold: %v", got)
+	}
+}
+
+// TestHoldDrop: the drop mode refuses nothing either; held clients come in
+// on their SYN retransmit, about a second later.
+func TestHoldDrop(t *testing.T) {
+	tn := newTestNS(t)
+	const port = 8081
+	v1 := tn.serve(t, "v1", port)
+	d := harness.StartDialer(fmt.Sprintf("%s:%d", tn.podIP, port))
+	time.Sleep(100 * time.Millisecond)
+	h, err := Hold(context.Background(), tn.path, []uint16{port}, ModeDrop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the swap does: the connections v1's kernel already completed are
+	// accepted before v1 closes its socket (else they are reset).
+	h.Quiesce(context.Background(), 200*time.Millisecond)
+	done := make(chan Result, 1)
+	go func() { done <- h.ReleaseWhenListening(context.Background(), 5*time.Second) }()
+	v1.Close()
+	time.Sleep(100 * time.Millisecond)
+	v2 := tn.serve(t, "v2", port)
+	defer v2.Close()
+	res := <-done
+	time.Sleep(1500 * time.Millisecond)
+	s := harness.TallyDials(t, d.End())
+	t.Logf("result %+v; client %+v", res, s)
+	if res.Mode != ModeDrop || len(res.Ports) != 1 || res.Ports[0].Reason != ReasonListening {
+		t.Errorf("result %+v, want drop released for listening", res)
+	}
+	if s.Failed() > 0 || s.ByVersion["v2"] == 0 {
+		t.Errorf("client %+v: want no failures and some v2", s)
+	}
+	if s.Slowest < 900*time.Millisecond {
+		t.Errorf("slowest %s: a dropped SYN comes back after ~1 s", s.Slowest)
+	}
+	if got := tn.tables(t); len(got) != 0 {
+		t.Errorf("tables after the hold: %v", got)
+	}
+}
+
+// TestHoldLimit: nothing listens again; the hold ends at its limit, nobody
+// waited longer than that, and the parked SYNs are answered (refused).
+func TestHoldLimit(t *testing.T) {
+	tn := newTestNS(t)
+	const port, limit = 8082, 400 * time.Millisecond
+	v1 := tn.serve(t, "v1", port)
+	d := harness.StartDialer(fmt.Sprintf("%s:%d", tn.podIP, port))
+	time.Sleep(100 * time.Millisecond)
+	h, err := Hold(context.Background(), tn.path, []uint16{port}, ModeQueue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Quiesce(context.Background(), 200*time.Millisecond)
+	v1.Close()
+	res := h.ReleaseWhenListening(context.Background(), limit)
+	time.Sleep(100 * time.Millisecond)
+	as := d.End()
+	s := harness.TallyDials(t, as)
+	t.Logf("result %+v; client %+v", res, s)
+	if len(res.Ports) != 1 || res.Ports[0].Reason != ReasonLimit || res.Parked() == 0 {
+		t.Errorf("result %+v, want released at the limit with SYNs parked", res)
+	}
+	if res.Duration < limit || res.Duration > limit+50*time.Millisecond {
+		t.Errorf("hold lasted %s, limit %s", res.Duration, limit)
+	}
+	// The margin is the client's own scheduling on a loaded machine (a
+	// handshake is timed from before its goroutine dials).
+	for _, a := range as {
+		if a.Connect > limit+200*time.Millisecond {
+			t.Errorf("connection at %s waited %s, past the limit %s", a.At.Format("15:04:05.000"), a.Connect, limit)
+		}
+	}
+	if s.Refused == 0 {
+		t.Errorf("client %+v: after the limit the port refuses, as without a hold", s)
+	}
+	if got := tn.tables(t); len(got) != 0 {
+		t.Errorf("tables after the hold: %v", got)
+	}
+}
+
+// holderEnv makes the test binary a holder child (TestHolderChild).
+const holderEnv = "INPLACED_HOLD_TEST_HOLDER"
+
+// TestHolderChild is not a test: run by TestHoldKilledHolder as a child
+// process that holds a port and waits to be killed.
+func TestHolderChild(t *testing.T) {
+	path := os.Getenv(holderEnv)
+	if path == "" {
+		t.Skip("helper process for TestHoldKilledHolder")
+	}
+	h, err := Hold(context.Background(), path, []uint16{8083}, ModeQueue)
+	if err != nil {
+		fmt.Println("error:", err)
+		os.Exit(1)
+	}
+	fmt.Println("holding", h.Table())
+	time.Sleep(time.Minute)
+	os.Exit(1)
+}
+
+// TestHoldKilledHolder: SIGKILL of the process holding leaves no table (the
+// owner flag), and Remove is a no-op after; a new hold works at once.
+func TestHoldKilledHolder(t *testing.T) {
+	tn := newTestNS(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHolderChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), holderEnv+"="+tn.path)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "holding") {
+		t.Fatalf("holder: %q, %v", line, err)
+	}
+	if got := tn.tables(t); len(got) == 0 {
+		t.Fatal("holder has no table")
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if got := tn.tables(t); len(got) != 0 {
+		t.Fatalf("tables after SIGKILL of the holder: %v", got)
+	}
+	if removed, err := Remove(tn.path); err != nil || len(removed) != 0 {
+		t.Errorf("Remove after the kill: %v, %v", removed, err)
+	}
+	h, err := Hold(context.Background(), tn.path, []uint16{8083}, ModeQueue)
+	if err != nil {
+		t.Fatalf("hold after the kill: %v", err)
+	}
+	if h.Table() != TablePrefix+"_0" {
+		t.Errorf("table %s, want slot 0 free again", h.Table())
+	}
+	if r := h.Abort(); r.Err != nil {
+		t.Error(r.Err)
+	}
+	if got := tn.tables(t); len(got) != 0 {
+		t.Errorf("tables after Abort: %v", got)
+	}
+}
+
+// TestHoldTwice: a second hold in the same netns drops instead of queueing:
+// removing either chain would drop what the other parked (the kernel
+// flushes every queue of the netns when a hook goes).
+func TestHoldTwice(t *testing.T) {
+	tn := newTestNS(t)
+	a, err := Hold(context.Background(), tn.path, []uint16{8084}, ModeQueue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Abort()
+	b, err := Hold(context.Background(), tn.path, []uint16{8085}, ModeQueue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Abort()
+	if a.Mode() != ModeQueue || b.Mode() != ModeDrop || !strings.Contains(b.Why(), "nfnetlink_queue") {
+		t.Errorf("modes %s and %s (%s), want queue then drop", a.Mode(), b.Mode(), b.Why())
+	}
+}

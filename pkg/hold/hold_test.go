@@ -1,0 +1,44 @@
+package hold
+
+import (
+	"fmt"
+	"testing"
+)
+
+func TestParseMode(t *testing.T) {
+	for in, want := range map[string]Mode{"queue": ModeQueue, " Drop": ModeDrop, "off": ModeOff} {
+		if got, err := ParseMode(in); err != nil || got != want {
+			t.Errorf("ParseMode(%q) = %q, %v", in, got, err)
+		}
+	}
+	if _, err := ParseMode("hold"); err == nil {
+		t.Error("ParseMode(hold): no error")
+	}
+}
+
+func TestClassify(t *testing.T) {
+	ls := []listener{
+		{port: 8080, inode: 1}, {port: 8080, inode: 2}, // v4 and v6 of the container
+		{port: 9090, inode: 3},                         // a sidecar
+		{port: 7070, inode: 4}, {port: 7070, inode: 5}, // shared by the container and a sidecar
+	}
+	mine := map[uint32]bool{1: true, 2: true, 4: true}
+	got := classify(ls, mine, []uint16{8080, 9090, 8443, 0})
+	if fmt.Sprint(got.Hold) != "[8080 8443]" || fmt.Sprint(got.Observed) != "[8080]" || fmt.Sprint(got.Others) != "[7070 9090]" {
+		t.Errorf("classify = %+v", got)
+	}
+}
+
+func TestNetlinkRoundTrip(t *testing.T) {
+	a := nlMsg{typ: 3<<8 | 2, flags: 5, seq: 7, data: append(attr(1, []byte{1, 0, 0, 0}), attr(2, []byte{0, 0, 0, 0, 1})...)}
+	b := append(a.marshal(), nlMsg{typ: 3, seq: 8}.marshal()...)
+	msgs, err := parseMsgs(b)
+	if err != nil || len(msgs) != 2 || msgs[0].typ != a.typ || msgs[0].seq != 7 || msgs[1].seq != 8 {
+		t.Fatalf("parse = %+v, %v", msgs, err)
+	}
+	var seen []string
+	attrs(msgs[0].data, func(typ uint16, v []byte) { seen = append(seen, fmt.Sprint(typ, v)) })
+	if fmt.Sprint(seen) != "[1 [1 0 0 0] 2 [0 0 0 0 1]]" {
+		t.Errorf("attrs = %v", seen)
+	}
+}

@@ -1,0 +1,269 @@
+package swap
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/inplaced/inplaced/pkg/store"
+	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
+)
+
+// Pod annotations for the connection hold (kubelet copies a pod's
+// annotations into its sandbox config, where the swap reads them).
+const (
+	AnnotationConnectionHold = "inplaced.io/connection-hold"
+	AnnotationHoldMax        = "inplaced.io/hold-max"
+)
+
+// Connection hold modes, as --connection-hold and the annotation spell them.
+const (
+	HoldQueue = "queue"
+	HoldDrop  = "drop"
+	HoldOff   = "off"
+)
+
+// StepHold is the record entry of installing the hold (and quiescing the
+// old listener); the hold itself ends in the record's Hold.
+const StepHold = "hold"
+
+// quiesceMax bounds the wait for the old listener's accept queue to empty.
+const quiesceMax = 200 * time.Millisecond
+
+// Holder keeps a container's ports from refusing new connections while the
+// container is swapped: new SYNs are parked (or dropped) in the pod's network
+// namespace from before the old container is stopped until a new socket
+// listens. Package hold does it; the engine sees only this interface.
+type Holder interface {
+	// Ports finds the TCP ports to hold: those the container's processes
+	// (pid is its init) listen on in netns, and declared ports nobody else
+	// in the pod listens on.
+	Ports(netns string, pid int, declared []uint16) ([]uint16, error)
+	// Hold installs the hold. The mode in place may be weaker than asked
+	// (queue → drop); ActiveHold says which and why.
+	Hold(ctx context.Context, netns string, ports []uint16, mode string) (ActiveHold, error)
+	// Remove deletes whatever hold a crashed inplaced left in netns.
+	Remove(netns string) ([]string, error)
+}
+
+// ActiveHold is a hold in place.
+type ActiveHold interface {
+	Mode() string
+	Why() string
+	// Quiesce waits (at most max) until the old listener's accept queue is
+	// empty, so the stop resets no connection the kernel completed.
+	Quiesce(ctx context.Context, max time.Duration) time.Duration
+	// ReleaseWhenListening releases each port when a new socket listens on
+	// it, and the rest at max (counted from the install) or when ctx ends.
+	ReleaseWhenListening(ctx context.Context, max time.Duration) HoldResult
+}
+
+// HoldResult is how a hold ended.
+type HoldResult struct {
+	Ports       []uint16
+	Parked      int64
+	Duration    time.Duration
+	LongestWait time.Duration
+	Reason      string // listening, limit or aborted (the last port's)
+	Err         error
+}
+
+// holdPlan is what the engine will do about connections for one swap.
+type holdPlan struct {
+	mode string
+	max  time.Duration
+	why  string // why off, or what was ignored
+}
+
+// planHold decides the mode and limit from the engine's defaults and the
+// pod's annotations: decide, then do (no side effect here).
+func planHold(defMode string, defMax time.Duration, haveHolder bool, sb *runtimeapi.PodSandboxConfig) holdPlan {
+	p := holdPlan{mode: defMode, max: defMax}
+	var notes []string
+	a := sb.GetAnnotations()
+	explicit := false
+	if v, ok := a[AnnotationConnectionHold]; ok {
+		switch m := strings.TrimSpace(strings.ToLower(v)); m {
+		case HoldQueue, HoldDrop, HoldOff:
+			p.mode, explicit = m, true
+		default:
+			notes = append(notes, fmt.Sprintf("annotation %s=%q ignored: use queue, drop or off", AnnotationConnectionHold, v))
+		}
+	}
+	if v, ok := a[AnnotationHoldMax]; ok {
+		if d, err := time.ParseDuration(strings.TrimSpace(v)); err == nil && d > 0 && d <= maxHoldMax {
+			p.max = d
+		} else {
+			notes = append(notes, fmt.Sprintf("annotation %s=%q ignored: give a duration up to %s, e.g. 10s", AnnotationHoldMax, v, maxHoldMax))
+		}
+	}
+	switch {
+	case p.mode == HoldOff && explicit:
+		notes = append(notes, "off by the pod's annotation "+AnnotationConnectionHold)
+	case p.mode == HoldOff:
+		notes = append(notes, "off (--connection-hold=off)")
+	case sb.GetLinux().GetSecurityContext().GetNamespaceOptions().GetNetwork() == runtimeapi.NamespaceMode_NODE && !explicit:
+		p.mode = HoldOff
+		notes = append(notes, "hostNetwork pod: the node's own network namespace is held only when the pod opts in ("+AnnotationConnectionHold+": queue)")
+	case !haveHolder:
+		p.mode = HoldOff
+		notes = append(notes, "no connection holder in this inplaced")
+	}
+	p.why = strings.Join(notes, "; ")
+	return p
+}
+
+// maxHoldMax bounds --hold-max and the annotation: a held client waits in
+// SYN-SENT, and past its connect timeout a refusal would have been kinder.
+const maxHoldMax = 5 * time.Minute
+
+// declaredPorts reads the TCP container ports kubelet records in the
+// container's annotations.
+func declaredPorts(cfg *runtimeapi.ContainerConfig) []uint16 {
+	var ports []struct {
+		ContainerPort int32  `json:"containerPort"`
+		Protocol      string `json:"protocol"`
+	}
+	_ = json.Unmarshal([]byte(cfg.GetAnnotations()["io.kubernetes.container.ports"]), &ports)
+	var out []uint16
+	for _, p := range ports {
+		if (p.Protocol == "" || strings.EqualFold(p.Protocol, "TCP")) && p.ContainerPort > 0 && p.ContainerPort < 65536 {
+			out = append(out, uint16(p.ContainerPort))
+		}
+	}
+	return out
+}
+
+// procInfo reads the container's pid from the backend's verbose status
+// (containerd: "pid") and names the sandbox's network namespace: the one
+// its runtime spec names, else its process's.
+func procInfo(st *runtimeapi.ContainerStatusResponse, sb sandboxIdentity) (pid int, netns string) {
+	var c struct {
+		Pid int `json:"pid"`
+	}
+	_ = json.Unmarshal([]byte(st.GetInfo()["info"]), &c)
+	switch {
+	case sb.netns != "":
+		return c.Pid, sb.netns
+	case sb.pid > 0:
+		return c.Pid, fmt.Sprintf("/proc/%d/ns/net", sb.pid)
+	}
+	return c.Pid, ""
+}
+
+// connectionHold decides what the swap does about new connections: the
+// engine's defaults and the pod's annotations (planHold), and no hold where
+// the sandbox runs a network stack of its own.
+func (r *run) connectionHold() holdPlan {
+	plan := planHold(r.e.holdMode, r.e.holdMax, r.e.holder != nil, r.oldReq.SandboxConfig)
+	if why := ownNetworkStack(r.t.identity); why != "" && plan.mode != HoldOff {
+		plan.mode, plan.why = HoldOff, why
+	}
+	return plan
+}
+
+// recordNoHold records why the swap installs no hold.
+func (r *run) recordNoHold() error {
+	r.rec.Hold = &inplacedv1.HoldRecord{Mode: HoldOff, Why: r.hold.why}
+	return nil
+}
+
+// holdConnections is the hold step, just before the old container stops:
+// it finds the container's ports, journals them (so that a crash leaves a
+// table recovery can remove), installs the hold, waits for the old process
+// to stop accepting, and lets a goroutine release each port once a new
+// listener appears (endHold collects the result). Nothing it does can fail
+// the swap: without a hold the swap runs as it would otherwise.
+func (r *run) holdConnections() error {
+	rec := &inplacedv1.HoldRecord{Mode: HoldOff, Why: r.hold.why}
+	r.rec.Hold = rec
+	h, err := r.installHold(rec)
+	if h == nil {
+		return err
+	}
+	r.holdDone = make(chan HoldResult, 1)
+	ctx, limit := r.ctx, r.hold.max
+	go func() {
+		res := h.ReleaseWhenListening(ctx, limit)
+		r.emit(StepHold, fmt.Sprintf("released %v after %s (%s): %d connection attempts parked", res.Ports,
+			res.Duration.Round(time.Millisecond), res.Reason, res.Parked))
+		r.holdDone <- res
+	}()
+	return nil
+}
+
+// installHold installs the hold on the container's ports, if it listens on
+// any; nil when there is nothing to hold or it failed (rec says why).
+func (r *run) installHold(rec *inplacedv1.HoldRecord) (ActiveHold, error) {
+	ports, err := r.e.holder.Ports(r.t.netns, r.t.pid, declaredPorts(r.oldReq.Config))
+	if err != nil {
+		rec.Why = fmt.Sprintf("finding the ports failed: %v", err)
+		return nil, err
+	}
+	if len(ports) == 0 {
+		rec.Why = "the container listens on no TCP port and declares none (or only ports another container listens on)"
+		return nil, nil
+	}
+	for _, p := range ports {
+		rec.Ports = append(rec.Ports, uint32(p))
+	}
+	r.j.Hold = &store.JournalHold{NetNS: r.t.netns, Ports: ports, Mode: r.hold.mode}
+	if err := r.journal(r.j.Step); err != nil {
+		rec.Why = err.Error()
+		return nil, err
+	}
+	h, err := r.e.holder.Hold(r.ctx, r.t.netns, ports, r.hold.mode)
+	if err != nil {
+		rec.Why = fmt.Sprintf("installing the hold failed: %v", err)
+		return nil, err
+	}
+	rec.StartedUnixNano = r.e.now().UnixNano()
+	rec.Mode, rec.Why = h.Mode(), strings.Trim(r.hold.why+"; "+h.Why(), "; ")
+	rec.QuiesceNs = int64(h.Quiesce(r.ctx, quiesceMax))
+	return h, nil
+}
+
+// endHold waits for the hold's release (bounded by its limit) and records
+// it. Called when the swap ends, whatever the outcome.
+func (r *run) endHold() {
+	if r.holdDone == nil {
+		return
+	}
+	res := <-r.holdDone
+	r.holdDone = nil
+	h := r.rec.Hold
+	h.DurationNs, h.Parked, h.Reason, h.LongestWaitNs = int64(res.Duration), res.Parked, res.Reason, int64(res.LongestWait)
+	if res.Err != nil {
+		h.Why = strings.Trim(h.Why+"; release: "+res.Err.Error(), "; ")
+	}
+	r.log.Info("connection hold ended", zap.String("mode", h.Mode), zap.Any("ports", res.Ports),
+		zap.Duration("held", res.Duration), zap.Int64("parked", res.Parked), zap.String("reason", res.Reason),
+		zap.Duration("longest_wait", res.LongestWait))
+}
+
+// recoverHold removes the table of a hold a crashed inplaced left behind
+// (the kernel has done it where it supports table owners).
+func (e *Engine) recoverHold(j *store.JournalEntry, rec *inplacedv1.SwapRecord, log *zap.Logger) {
+	if j.Hold == nil || e.holder == nil {
+		return
+	}
+	removed, err := e.holder.Remove(j.Hold.NetNS)
+	if rec.Hold == nil {
+		rec.Hold = &inplacedv1.HoldRecord{Mode: j.Hold.Mode}
+		for _, p := range j.Hold.Ports {
+			rec.Hold.Ports = append(rec.Hold.Ports, uint32(p))
+		}
+	}
+	rec.Hold.Reason = "crash-recovered"
+	switch {
+	case err != nil:
+		log.Error("remove the connection hold left by a crash", zap.String("netns", j.Hold.NetNS), zap.Error(err))
+	case len(removed) > 0:
+		log.Warn("removed the connection hold left by a crash", zap.String("netns", j.Hold.NetNS), zap.Strings("tables", removed))
+	}
+}

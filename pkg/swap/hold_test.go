@@ -1,0 +1,166 @@
+package swap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
+)
+
+func TestPlanHold(t *testing.T) {
+	hostNet := &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{
+		NamespaceOptions: &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_NODE}}}
+	for _, tc := range []struct {
+		name      string
+		def       string
+		holder    bool
+		ann       map[string]string
+		linux     *runtimeapi.LinuxPodSandboxConfig
+		mode, why string
+		max       time.Duration
+	}{
+		{name: "default", def: HoldQueue, holder: true, mode: HoldQueue, max: 10 * time.Second},
+		{name: "flag off", def: HoldOff, holder: true, mode: HoldOff, why: "--connection-hold=off", max: 10 * time.Second},
+		{name: "annotation drop, limit", def: HoldQueue, holder: true,
+			ann: map[string]string{AnnotationConnectionHold: "drop", AnnotationHoldMax: "3s"}, mode: HoldDrop, max: 3 * time.Second},
+		{name: "annotation off", def: HoldQueue, holder: true, ann: map[string]string{AnnotationConnectionHold: "off"},
+			mode: HoldOff, why: "off by the pod's annotation", max: 10 * time.Second},
+		{name: "bad annotations", def: HoldQueue, holder: true,
+			ann: map[string]string{AnnotationConnectionHold: "park", AnnotationHoldMax: "10"}, mode: HoldQueue,
+			why: `inplaced.io/connection-hold="park" ignored: use queue, drop or off; annotation inplaced.io/hold-max="10" ignored`, max: 10 * time.Second},
+		{name: "hostNetwork", def: HoldQueue, holder: true, linux: hostNet, mode: HoldOff, why: "hostNetwork pod", max: 10 * time.Second},
+		{name: "hostNetwork opted in", def: HoldQueue, holder: true, linux: hostNet,
+			ann: map[string]string{AnnotationConnectionHold: "queue"}, mode: HoldQueue, max: 10 * time.Second},
+		{name: "no holder", def: HoldQueue, mode: HoldOff, why: "no connection holder", max: 10 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := planHold(tc.def, 10*time.Second, tc.holder, &runtimeapi.PodSandboxConfig{Annotations: tc.ann, Linux: tc.linux})
+			if p.mode != tc.mode || p.max != tc.max || !strings.Contains(p.why, tc.why) || (tc.why == "" && p.why != "") {
+				t.Errorf("planHold = %+v, want mode %s, max %s, why containing %q", p, tc.mode, tc.max, tc.why)
+			}
+		})
+	}
+}
+
+func TestDeclaredPorts(t *testing.T) {
+	cfg := &runtimeapi.ContainerConfig{Annotations: map[string]string{"io.kubernetes.container.ports": `[{"name":"http","containerPort":8080,"protocol":"TCP"},{"containerPort":53,"protocol":"UDP"},{"containerPort":9090}]`}}
+	if got := fmt.Sprint(declaredPorts(cfg)); got != "[8080 9090]" {
+		t.Errorf("declaredPorts = %s", got)
+	}
+}
+
+func TestProcInfo(t *testing.T) {
+	st := &runtimeapi.ContainerStatusResponse{Info: map[string]string{"info": `{"pid":4242}`}}
+	ps := &runtimeapi.PodSandboxStatusResponse{Info: map[string]string{"info": `{"pid":17,"runtimeSpec":{"linux":{"namespaces":[{"type":"pid"},{"type":"network","path":"/var/run/netns/cni-1"}]}}}`}}
+	if pid, ns := procInfo(st, identityOf(ps)); pid != 4242 || ns != "/var/run/netns/cni-1" {
+		t.Errorf("procInfo = %d, %s", pid, ns)
+	}
+	ps.Info["info"] = `{"pid":17}`
+	if _, ns := procInfo(st, identityOf(ps)); ns != "/proc/17/ns/net" {
+		t.Errorf("procInfo without a netns path = %s", ns)
+	}
+}
+
+// fakeHolder records when the engine holds, relative to the backend's calls.
+type fakeHolder struct {
+	e   *env
+	err error
+
+	mu            sync.Mutex
+	heldAtCall    int  // how many backend calls had been made at Hold
+	journaled     bool // the journal had the hold when Hold was called
+	heldMode      string
+	releaseResult HoldResult
+}
+
+func (f *fakeHolder) Ports(string, int, []uint16) ([]uint16, error) { return []uint16{8080}, nil }
+func (f *fakeHolder) Remove(string) ([]string, error)               { return nil, nil }
+func (f *fakeHolder) Hold(_ context.Context, _ string, ports []uint16, mode string) (ActiveHold, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.heldAtCall = len(f.e.be.Calls())
+	js, _ := f.e.st.Journal()
+	f.journaled = len(js) == 1 && js[0].Hold != nil && fmt.Sprint(js[0].Hold.Ports) == fmt.Sprint(ports)
+	f.heldMode = mode
+	if f.err != nil {
+		return nil, f.err
+	}
+	return fakeActive{mode: mode, res: f.releaseResult}, nil
+}
+
+type fakeActive struct {
+	mode string
+	res  HoldResult
+}
+
+func (a fakeActive) Mode() string                                         { return a.mode }
+func (a fakeActive) Why() string                                          { return "" }
+func (a fakeActive) Quiesce(context.Context, time.Duration) time.Duration { return time.Millisecond }
+func (a fakeActive) ReleaseWhenListening(context.Context, time.Duration) HoldResult {
+	return a.res
+}
+
+func TestSwapHoldsConnections(t *testing.T) {
+	e := newEnv(t)
+	f := &fakeHolder{e: e, releaseResult: HoldResult{Ports: []uint16{8080}, Parked: 31, Duration: 160 * time.Millisecond, Reason: "listening"}}
+	e.eng.holder = f
+	e.create(t, e.containerReq(0), true)
+	rec := e.swap(t, &inplacedv1.Change{Image: strp("registry.local/app:v2")}, nil)
+	e.settled(t, rec)
+	if rec.State != inplacedv1.SwapState_SWAP_STATE_COMMITTED {
+		t.Fatalf("state %s: %s", rec.State, rec.Error)
+	}
+	if !f.journaled {
+		t.Error("the hold was installed before the journal had it")
+	}
+	calls := e.be.Calls()
+	stopAt := -1
+	for i, c := range calls {
+		if c == "StopContainer" && stopAt < 0 {
+			stopAt = i
+		}
+	}
+	if stopAt < 0 || f.heldAtCall > stopAt {
+		t.Errorf("held at call %d, old container stopped at call %d of %v", f.heldAtCall, stopAt, calls)
+	}
+	h := rec.Hold
+	if h == nil || h.Mode != HoldQueue || fmt.Sprint(h.Ports) != "[8080]" || h.Parked != 31 || h.Reason != "listening" || h.DurationNs != int64(160*time.Millisecond) {
+		t.Errorf("hold record %v", h)
+	}
+	if !strings.Contains(stepNames(rec), StepHold) {
+		t.Errorf("steps %s: no %s", stepNames(rec), StepHold)
+	}
+}
+
+func TestSwapHoldFailureDoesNotFailTheSwap(t *testing.T) {
+	e := newEnv(t)
+	e.eng.holder = &fakeHolder{e: e, err: errors.New("no netfilter")}
+	e.create(t, e.containerReq(0), true)
+	rec := e.swap(t, &inplacedv1.Change{Image: strp("registry.local/app:v2")}, nil)
+	if rec.State != inplacedv1.SwapState_SWAP_STATE_COMMITTED {
+		t.Fatalf("state %s: %s", rec.State, rec.Error)
+	}
+	if rec.Hold.GetMode() != HoldOff || !strings.Contains(rec.Hold.GetWhy(), "no netfilter") {
+		t.Errorf("hold record %v", rec.Hold)
+	}
+}
+
+func TestSwapHoldOffByAnnotation(t *testing.T) {
+	e := newEnv(t)
+	f := &fakeHolder{e: e}
+	e.eng.holder = f
+	req := e.containerReq(0)
+	req.SandboxConfig.Annotations = map[string]string{AnnotationConnectionHold: "off"}
+	e.create(t, req, true)
+	rec := e.swap(t, &inplacedv1.Change{Image: strp("registry.local/app:v2")}, nil)
+	if f.heldMode != "" || rec.Hold.GetMode() != HoldOff || !strings.Contains(rec.Hold.GetWhy(), "annotation") {
+		t.Errorf("held %q, record %v", f.heldMode, rec.Hold)
+	}
+}

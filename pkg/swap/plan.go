@@ -1,0 +1,227 @@
+package swap
+
+import (
+	"strings"
+
+	"github.com/inplaced/inplaced/pkg/store"
+)
+
+// Step names, as shown to users and accepted by the crash test switch.
+const (
+	StepPull       = "pull"
+	StepDrain      = "drain"
+	StepPreStop    = "pre-stop"
+	StepStopOld    = "stop-old"
+	StepCreateNew  = "create-new"
+	StepStartNew   = "start-new"
+	StepPostStart  = "post-start"
+	StepHealthGate = "health-gate"
+	StepCommit     = "commit"
+	StepRollback   = "rollback"
+)
+
+// Record kinds (SwapRecord.kind, the journal's Kind).
+const (
+	// KindSwap is a swap asked for by a caller: inplacectl swap, a request
+	// on the pod, env from pod metadata.
+	KindSwap = "swap"
+	// KindRevert goes back to the configuration kubelet declared.
+	KindRevert = "revert"
+	// KindKubelet is the record kind of a swap that kubelet's own restart
+	// of a container for a changed pod spec image was turned into.
+	KindKubelet = "kubelet"
+)
+
+// action names what a step does; run.go maps each to its code (actions).
+type action string
+
+const (
+	actPull          action = "pull the new image with the request's credentials"
+	actPullKubelet   action = "pull the new image with the pod's pull secrets, then tell kubelet's held stop"
+	actProceed       action = "wait for kubelet's StopContainer, take the fence"
+	actConfig        action = "build the new config: recorded config + change"
+	actConfigSpec    action = "build the new config: recorded config + change, kubelet's hash for the new spec"
+	actKubeletConfig action = "build the new config: kubelet's declared config + image, kubelet's hash"
+	actCreateNew     action = "create the new container, hidden from kubelet"
+	actDrain         action = "run the caller's BeforeStop hook"
+	actPreStop       action = "run the preStop handler"
+	actHold          action = "hold new connections to the container's ports until the new process listens"
+	actNoHold        action = "record why no connection hold is installed"
+	actStopOld       action = "mask the old container, stop it"
+	actStopOldKube   action = "mask the old container, stop it with kubelet's timeout"
+	actStartNew      action = "start the new container"
+	actPostStart     action = "run the postStart handler"
+	actHealthGate    action = "wait for the new container to prove healthy"
+	actCommit        action = "write the sticky override"
+	actCommitRevert  action = "drop the sticky override"
+	actCommitKubelet action = "drop an override the spec change ended"
+	actRollback      action = "remove the new container, create and start the old config again"
+)
+
+// undo names what brings the pod back to "the old container runs" from the
+// state a step leaves (or leaves behind when it fails). Undos nest: each one
+// undoes its step and every step before it, so the executor runs only the
+// undo of the last step it reached.
+type undo string
+
+const (
+	// undoNothing: nothing was touched; the swap ends FAILED.
+	undoNothing undo = ""
+	// undoRemoveNew: the old container still runs; the new one (if created)
+	// is removed.
+	undoRemoveNew undo = "remove the new container; the old one runs on"
+	// undoRollback: the old container was stopped; the rollback plan
+	// removes the new one and starts the old config again (after an abort,
+	// only removes: kubelet's intent wins).
+	undoRollback undo = "roll back: the rollback plan"
+	// undoStepAside: the old container was stopped on kubelet's behalf; the
+	// new one is removed and kubelet's own create follows.
+	undoStepAside undo = "remove the new container; kubelet creates the container itself"
+)
+
+// step is one step of a swap's plan.
+type step struct {
+	// name is shown in records, events and metrics and accepted by the
+	// crash switch; a step with no name is not shown (bookkeeping between
+	// shown steps).
+	name string
+	// journal is written (fsync) before the action; "" for none.
+	journal store.JournalStep
+	do      action
+	// undo is run when this step or a later one fails; see undo.
+	undo undo
+	// optional: a failure is recorded and the swap goes on (kubelet goes
+	// on with a stop when preStop fails; so do we).
+	optional bool
+	// failure names the step in the swap's error when it fails.
+	failure string
+	// aborted, when set, is checked before the step: a swap aborted by
+	// then (pod removed, kubelet stopped the container) ends with it.
+	aborted string
+}
+
+// planSpec is what a plan depends on.
+type planSpec struct {
+	kind      string // KindSwap, KindRevert or KindKubelet
+	drain     bool   // Hooks.BeforeStop is set
+	specHash  bool   // Hooks.SpecHash is set
+	preStop   bool   // the request does not skip preStop
+	postStart bool   // the request has a postStart handler
+	hold      bool   // a connection hold is planned (connectionHold)
+}
+
+// planFor returns the steps of a swap. It decides everything that depends
+// on the kind of swap; run.execute only carries the plan out.
+//
+// The new container is created while the old one still runs: creating it
+// (snapshot, spec) is work that need not be downtime, and containerd starts
+// no process before StartContainer. A kubelet-driven swap has no health gate
+// and no rollback: the spec declares the new image, so kubelet's probes and
+// restart policy govern it, and rolling back to an image the spec no longer
+// names would fight kubelet; it runs no preStop (kubelet already ran it).
+func planFor(s planSpec) []step {
+	kube := s.kind == KindKubelet
+	afterStop, pullFailed := undoRollback, "pull failed, old container untouched"
+	var plan []step
+	if kube {
+		afterStop = undoStepAside
+		// Nothing is touched until kubelet's StopContainer: no journal
+		// before the pull, and none while waiting.
+		plan = append(plan,
+			step{name: StepPull, do: actPullKubelet, failure: pullFailed},
+			step{do: actProceed},
+			step{journal: store.StepPrepared, do: actKubeletConfig})
+	} else {
+		config := actConfig
+		if s.specHash {
+			config = actConfigSpec
+		}
+		plan = append(plan,
+			step{name: StepPull, journal: store.StepPrepared, do: actPull, failure: pullFailed},
+			step{do: config})
+	}
+	plan = append(plan, step{name: StepCreateNew, journal: store.StepCreateNew, do: actCreateNew, undo: undoRemoveNew, failure: "create new container"})
+	if s.drain {
+		plan = append(plan, step{name: StepDrain, do: actDrain, undo: undoRemoveNew, optional: true})
+	}
+	if s.preStop && !kube {
+		plan = append(plan, step{name: StepPreStop, journal: store.StepPreStop, do: actPreStop, undo: undoRemoveNew, optional: true})
+	}
+	// The hold goes on just before the stop: new connections wait from
+	// there until the new process listens.
+	hold := step{do: actNoHold, undo: undoRemoveNew, aborted: "aborted before the old container was stopped"}
+	if s.hold {
+		hold.name, hold.do, hold.optional = StepHold, actHold, true
+	}
+	stop := actStopOld
+	if kube {
+		stop = actStopOldKube
+	}
+	plan = append(plan, hold,
+		step{name: StepStopOld, journal: store.StepStopOld, do: stop, undo: afterStop, failure: "stop old container"},
+		step{name: StepStartNew, journal: store.StepStartNew, do: actStartNew, undo: afterStop,
+			failure: "start new container", aborted: "aborted after the old container was stopped"})
+	const starting = "aborted while the new container was starting"
+	if s.postStart {
+		plan = append(plan, step{name: StepPostStart, do: actPostStart, undo: afterStop, failure: "postStart hook"})
+	}
+	if !kube {
+		plan = append(plan, step{name: StepHealthGate, journal: store.StepHealthGate, do: actHealthGate, undo: afterStop, failure: "health gate"})
+	}
+	commit := map[string]action{KindSwap: actCommit, KindRevert: actCommitRevert, KindKubelet: actCommitKubelet}[s.kind]
+	plan = append(plan, step{name: StepCommit, do: commit, undo: afterStop, optional: true})
+	// The abort check after start-new guards whichever step follows it.
+	for i := range plan {
+		if plan[i].name == StepStartNew && plan[i+1].aborted == "" {
+			plan[i+1].aborted = starting
+		}
+	}
+	return plan
+}
+
+// rollbackPlan is the plan of undoRollback: one step, journaled, that
+// removes the new container and creates the old configuration again as the
+// next attempt.
+func rollbackPlan() []step {
+	return []step{{name: StepRollback, journal: store.StepRollingBack, do: actRollback}}
+}
+
+// planKinds are the kinds of swap with the spec each is planned from; the
+// package doc's step list is rendered from them (TestDocStepOrder).
+var planKinds = []struct {
+	name string
+	spec planSpec
+}{
+	{"node-local (inplacectl swap)", planSpec{kind: KindSwap, preStop: true, hold: true, postStart: true}},
+	{"request on the pod (inplaced.io/swap)", planSpec{kind: KindSwap, drain: true, specHash: true, preStop: true, hold: true, postStart: true}},
+	{"env from pod metadata", planSpec{kind: KindSwap, preStop: true, hold: true}},
+	{"revert (inplacectl revert)", planSpec{kind: KindRevert, preStop: true, hold: true, postStart: true}},
+	{"kubelet-driven (pod spec image)", planSpec{kind: KindKubelet, hold: true}},
+}
+
+// renderPlans writes the shown steps of every kind of swap, indented for
+// the package doc, the steps a request may add or leave out in brackets.
+func renderPlans() string {
+	var b strings.Builder
+	for _, k := range planKinds {
+		minimal := k.spec
+		minimal.drain, minimal.specHash, minimal.preStop, minimal.postStart, minimal.hold = false, false, false, false, false
+		always := map[string]bool{}
+		for _, s := range planFor(minimal) {
+			always[s.name] = true
+		}
+		var names []string
+		for _, s := range planFor(k.spec) {
+			switch {
+			case s.name == "":
+			case always[s.name]:
+				names = append(names, s.name)
+			default:
+				names = append(names, "["+s.name+"]")
+			}
+		}
+		b.WriteString("\t" + k.name + ":\n\t\t" + strings.Join(names, " → ") + "\n")
+	}
+	b.WriteString("\tany failure after stop-old (not kubelet-driven):\n\t\t" + rollbackPlan()[0].name + "\n")
+	return b.String()
+}

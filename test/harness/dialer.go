@@ -1,0 +1,147 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Dialer is a client that opens a new TCP connection to an address every
+// 5 ms, each in its own goroutine, and asks GET /peer over HTTP/1.0: like a
+// device dialling a pod IP with no Service in between. The test app answers
+// "<version> <the client's address as it sees it>".
+type Dialer struct {
+	mu   sync.Mutex
+	wg   sync.WaitGroup
+	all  []Dial
+	stop chan struct{}
+	done chan struct{}
+}
+
+// Dial is one connection of a Dialer.
+type Dial struct {
+	At   time.Time
+	Took time.Duration
+	// Connect is the handshake: what a connection hold adds to (the rest
+	// is the app's answer).
+	Connect time.Duration
+	Err     error
+	Reply   string // "v2 10.88.0.1:41234"
+	Local   string // the client's own address
+}
+
+// StartDialer starts dialling addr until End.
+func StartDialer(addr string) *Dialer {
+	d := &Dialer{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(d.done)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-d.stop:
+				d.wg.Wait()
+				return
+			case <-tick.C:
+			}
+			d.wg.Add(1)
+			go func() {
+				defer d.wg.Done()
+				a := dialOnce(addr)
+				d.mu.Lock()
+				d.all = append(d.all, a)
+				d.mu.Unlock()
+			}()
+		}
+	}()
+	return d
+}
+
+func dialOnce(addr string) Dial {
+	a := Dial{At: time.Now()}
+	c, err := net.DialTimeout("tcp", addr, 15*time.Second)
+	a.Connect = time.Since(a.At)
+	if err == nil {
+		a.Local = c.LocalAddr().String()
+		_ = c.SetDeadline(time.Now().Add(15 * time.Second))
+		if _, err = fmt.Fprintf(c, "GET /peer HTTP/1.0\r\n\r\n"); err == nil {
+			var b []byte
+			b, err = io.ReadAll(c)
+			if _, body, ok := strings.Cut(string(b), "\r\n\r\n"); ok {
+				a.Reply = strings.TrimSpace(body)
+			} else if err == nil {
+				err = fmt.Errorf("no HTTP answer: %q", b)
+			}
+		}
+		c.Close()
+	}
+	a.Took, a.Err = time.Since(a.At), err
+	return a
+}
+
+// End stops dialling, waits for the connections under way and returns all.
+func (d *Dialer) End() []Dial {
+	close(d.stop)
+	<-d.done
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.all
+}
+
+// DialTally counts a Dialer's connections by outcome.
+type DialTally struct {
+	OK, Refused, Reset, Timeout, Other int
+	Slowest                            time.Duration
+	ByVersion                          map[string]int
+}
+
+// Failed is every connection that did not get an answer.
+func (s DialTally) Failed() int { return s.Refused + s.Reset + s.Timeout + s.Other }
+
+// TallyDials counts ds, and fails tb where the app saw a client address
+// other than the client's own.
+func TallyDials(tb testing.TB, ds []Dial) DialTally {
+	tb.Helper()
+	s := DialTally{ByVersion: map[string]int{}}
+	for _, a := range ds {
+		switch {
+		case a.Err == nil:
+			s.OK++
+			s.Slowest = max(s.Slowest, a.Took)
+			v, peer, _ := strings.Cut(a.Reply, " ")
+			s.ByVersion[v]++
+			if peer != a.Local {
+				tb.Errorf("%s saw the client as %q, the client is %s", v, peer, a.Local)
+			}
+		case errors.Is(a.Err, syscall.ECONNREFUSED):
+			s.Refused++
+		case errors.Is(a.Err, syscall.ECONNRESET):
+			s.Reset++
+		case errors.Is(a.Err, os.ErrDeadlineExceeded):
+			s.Timeout++
+		default:
+			s.Other++
+			tb.Logf("dial at %s: %v", a.At.Format("15:04:05.000"), a.Err)
+		}
+	}
+	return s
+}
+
+// CheckWaits fails tb for a connection whose handshake waited longer than
+// until listened (when the new process listened) plus 50 ms.
+func CheckWaits(tb testing.TB, ds []Dial, listened time.Time) {
+	tb.Helper()
+	for _, a := range ds {
+		if allowed := max(listened.Sub(a.At), 0) + 50*time.Millisecond; a.Err == nil && a.Connect > allowed {
+			tb.Errorf("connection at %s (%s) waited %s to connect: more than until the new process listened + 50 ms (%s)",
+				a.At.Format("15:04:05.000"), a.Reply, a.Connect, allowed)
+		}
+	}
+}
