@@ -109,6 +109,7 @@ func (s *kubeSlot) run(ctx context.Context, d kubeDeps) {
 		kc, err := newKubeController(d)
 		if err == nil {
 			d.board.Clear(health.PartKubeconfig)
+			d.board.Clear(health.PartCredentials)
 			s.kc.Store(kc)
 			if d.started != nil {
 				d.started()
@@ -118,15 +119,36 @@ func (s *kubeSlot) run(ctx context.Context, d kubeDeps) {
 			}
 			return
 		}
-		d.board.Set(health.Problem{Part: health.PartKubeconfig, What: err.Error(),
-			Action: fmt.Sprintf("write a usable kubeconfig at %s (k3s and kubeadm write theirs once the node runs); inplaced reads it every %s "+
-				"and starts Kubernetes mode then; until then it works as in node-local mode", d.cfg.Kubeconfig, kubeconfigPoll)})
+		p := notStartedProblem(d.cfg, err)
+		if p.Part == health.PartCredentials {
+			d.board.Clear(health.PartKubeconfig) // it was read: the credentials come after it
+		}
+		d.board.Set(p)
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(kubeconfigPoll):
 		}
 	}
+}
+
+// credentialsError is a credential-provider configuration that cannot be
+// used: the operator mends that file, not the kubeconfig.
+type credentialsError struct{ error }
+
+func (e credentialsError) Unwrap() error { return e.error }
+
+// notStartedProblem is what the health board says while Kubernetes mode
+// cannot start because of err: the part at fault and what to do about it.
+func notStartedProblem(cfg config.Config, err error) health.Problem {
+	if errors.As(err, new(credentialsError)) {
+		return health.Problem{Part: health.PartCredentials, What: err.Error(),
+			Action: fmt.Sprintf("mend --image-credential-provider-config %s (the file kubelet uses; see docs/credentials.md); inplaced reads it again every %s "+
+				"and starts Kubernetes mode then; until then it works as in node-local mode", cfg.ImageCredentialProviderConfig, kubeconfigPoll)}
+	}
+	return health.Problem{Part: health.PartKubeconfig, What: err.Error(),
+		Action: fmt.Sprintf("write a usable kubeconfig at %s (k3s and kubeadm write theirs once the node runs); inplaced reads it every %s "+
+			"and starts Kubernetes mode then; until then it works as in node-local mode", cfg.Kubeconfig, kubeconfigPoll)}
 }
 
 // newKubeController returns the Kubernetes mode controller, or why the
@@ -156,7 +178,7 @@ func newKubeController(d kubeDeps) (*kube.Controller, error) {
 	creds, err := credentials.New(credentials.Options{KubeletRootDir: cfg.KubeletRootDir,
 		ProviderConfig: cfg.ImageCredentialProviderConfig, ProviderBinDir: cfg.ImageCredentialProviderBinDir, Logger: d.log.Named("credentials")})
 	if err != nil {
-		return nil, err
+		return nil, credentialsError{err}
 	}
 	return kube.New(kube.Options{Client: client, NodeName: node, Engine: d.engine, Kubelet: d.view, Runtime: d.rt, Store: d.st,
 		Logger: d.log, OnPullFailure: cfg.OnPullFailure, AffinityDrift: cfg.AffinityDrift, Credentials: creds})

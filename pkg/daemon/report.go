@@ -48,7 +48,7 @@ func (r *reporter) changed(p health.Problem, cleared bool) {
 
 // event writes a problem as a Node event (once Kubernetes mode runs).
 func (r *reporter) event(p health.Problem) {
-	if p.Part == health.PartKubeconfig { // no events without the API server
+	if p.Part == health.PartKubeconfig || p.Part == health.PartCredentials { // no events before Kubernetes mode runs
 		return
 	}
 	refused := ""

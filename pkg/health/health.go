@@ -21,6 +21,9 @@ const (
 	PartKubeconfig Part = "kubeconfig"
 	PartMetrics    Part = "metrics"
 	PartControl    Part = "control-socket"
+	// PartCredentials: the image credential-provider configuration
+	// (Kubernetes mode waits for it).
+	PartCredentials Part = "credential-provider"
 )
 
 // Problem is one part out of service.
