@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -183,35 +184,22 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--%s points at inplaced's own --listen socket %q: that would loop", e.name, c.Listen))
 		}
 	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		errs = append(errs, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel))
-	}
-	switch c.LogFormat {
-	case "json", "console":
-	default:
-		errs = append(errs, fmt.Errorf("--log-format %q: want json or console", c.LogFormat))
-	}
-	switch c.OnPullFailure {
-	case "keep-running", "pass-through":
-	default:
-		errs = append(errs, fmt.Errorf("--on-pull-failure %q: want keep-running or pass-through", c.OnPullFailure))
-	}
-	switch c.AffinityDrift {
-	case "warn", "refuse":
-	default:
-		errs = append(errs, fmt.Errorf("--affinity-drift %q: want warn or refuse", c.AffinityDrift))
-	}
-	switch c.Relay {
-	case "router", "grpc":
-	default:
-		errs = append(errs, fmt.Errorf("--relay %q: want router (the default) or grpc", c.Relay))
-	}
-	switch c.ConnectionHold {
-	case "queue", "drop", "off":
-	default:
-		errs = append(errs, fmt.Errorf("--connection-hold %q: want queue, drop or off", c.ConnectionHold))
+	// The flags that take one of a few words, with the words in the order
+	// the error lists them.
+	for _, e := range []struct {
+		name, value string
+		want        []string
+	}{
+		{"log-level", c.LogLevel, []string{"debug", "info", "warn", "error"}},
+		{"log-format", c.LogFormat, []string{"json", "console"}},
+		{"on-pull-failure", c.OnPullFailure, []string{"keep-running", "pass-through"}},
+		{"affinity-drift", c.AffinityDrift, []string{"warn", "refuse"}},
+		{"relay", c.Relay, []string{"router (the default)", "grpc"}},
+		{"connection-hold", c.ConnectionHold, []string{"queue", "drop", "off"}},
+	} {
+		if !slices.ContainsFunc(e.want, func(w string) bool { first, _, _ := strings.Cut(w, " "); return first == e.value }) {
+			errs = append(errs, fmt.Errorf("--%s %q: want %s", e.name, e.value, oneOf(e.want)))
+		}
 	}
 	if c.HoldMax <= 0 || c.HoldMax.D() > 5*time.Minute {
 		errs = append(errs, fmt.Errorf("--hold-max %s: want a duration above 0 and up to 5m, e.g. 10s", c.HoldMax.D()))
@@ -314,4 +302,12 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	}
 	*d = Duration(v)
 	return nil
+}
+
+// oneOf lists words as "a, b or c".
+func oneOf(words []string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
 }

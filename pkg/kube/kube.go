@@ -177,19 +177,21 @@ func New(o Options) (*Controller, error) {
 	if o.Client == nil || o.Engine == nil || o.Kubelet == nil || o.Runtime == nil || o.Store == nil || o.NodeName == "" {
 		return nil, errors.New("kube.New: client, engine, kubelet view, runtime, store and node name are required")
 	}
-	switch o.OnPullFailure {
-	case "":
-		o.OnPullFailure = KeepRunning
-	case KeepRunning, PassThrough:
-	default:
-		return nil, fmt.Errorf("--on-pull-failure %q: want %s or %s", o.OnPullFailure, KeepRunning, PassThrough)
-	}
-	switch o.AffinityDrift {
-	case "":
-		o.AffinityDrift = DriftWarn
-	case DriftWarn, DriftRefuse:
-	default:
-		return nil, fmt.Errorf("--affinity-drift %q: want %s or %s", o.AffinityDrift, DriftWarn, DriftRefuse)
+	for _, w := range []struct {
+		flag  string
+		value *string
+		words [2]string // the default first
+	}{
+		{"on-pull-failure", &o.OnPullFailure, [2]string{KeepRunning, PassThrough}},
+		{"affinity-drift", &o.AffinityDrift, [2]string{DriftWarn, DriftRefuse}},
+	} {
+		switch *w.value {
+		case "":
+			*w.value = w.words[0]
+		case w.words[0], w.words[1]:
+		default:
+			return nil, fmt.Errorf("--%s %q: want %s or %s", w.flag, *w.value, w.words[0], w.words[1])
+		}
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()

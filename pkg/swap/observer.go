@@ -26,35 +26,29 @@ type Observer interface {
 // Observers fans calls out to several observers.
 type Observers []Observer
 
-func (os Observers) SwapStarted(rec *inplacedv1.SwapRecord) {
+func (os Observers) each(f func(Observer)) {
 	for _, o := range os {
-		o.SwapStarted(rec)
+		f(o)
 	}
+}
+
+func (os Observers) SwapStarted(rec *inplacedv1.SwapRecord) {
+	os.each(func(o Observer) { o.SwapStarted(rec) })
 }
 func (os Observers) StepStarted(rec *inplacedv1.SwapRecord, step string) {
-	for _, o := range os {
-		o.StepStarted(rec, step)
-	}
+	os.each(func(o Observer) { o.StepStarted(rec, step) })
 }
 func (os Observers) StepEnded(rec *inplacedv1.SwapRecord, st *inplacedv1.Step) {
-	for _, o := range os {
-		o.StepEnded(rec, st)
-	}
+	os.each(func(o Observer) { o.StepEnded(rec, st) })
 }
 func (os Observers) SwapEnded(rec *inplacedv1.SwapRecord) {
-	for _, o := range os {
-		o.SwapEnded(rec)
-	}
+	os.each(func(o Observer) { o.SwapEnded(rec) })
 }
 func (os Observers) OverrideChanged(rec *inplacedv1.SwapRecord, set bool) {
-	for _, o := range os {
-		o.OverrideChanged(rec, set)
-	}
+	os.each(func(o Observer) { o.OverrideChanged(rec, set) })
 }
 func (os Observers) Recovered(swapID string, err error) {
-	for _, o := range os {
-		o.Recovered(swapID, err)
-	}
+	os.each(func(o Observer) { o.Recovered(swapID, err) })
 }
 
 // Puller pulls an image and reports its progress (package pull: byte
