@@ -8,13 +8,12 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/client-go/tools/clientcmd"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/config"
 	"github.com/inplaced/inplaced/pkg/credentials"
+	"github.com/inplaced/inplaced/pkg/errkind"
 	"github.com/inplaced/inplaced/pkg/health"
 	"github.com/inplaced/inplaced/pkg/intercept"
 	"github.com/inplaced/inplaced/pkg/kube"
@@ -67,7 +66,7 @@ func (s *kubeSlot) Misfits() (string, int, []*inplacedv1.PodFit, error) {
 	if kc := s.kc.Load(); kc != nil {
 		return kc.Misfits()
 	}
-	return "", 0, nil, status.Errorf(codes.FailedPrecondition, "Kubernetes mode has not started: --kubeconfig %s cannot be used yet (inplacectl status says why)", s.kubeconfig)
+	return "", 0, nil, errkind.Errorf(errkind.Refused, "Kubernetes mode has not started: --kubeconfig %s cannot be used yet (inplacectl status says why)", s.kubeconfig)
 }
 
 // NodeEvent writes an event about the node once Kubernetes mode runs.

@@ -7,10 +7,9 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/errkind"
 	"github.com/inplaced/inplaced/pkg/health"
 	"github.com/inplaced/inplaced/pkg/resize"
 	"github.com/inplaced/inplaced/pkg/store"
@@ -92,10 +91,10 @@ func (k *stateKeeper) report(p *store.Problem) {
 // its journal and records; nil when they may go ahead.
 func (k *stateKeeper) refusal() error {
 	if err := k.st.Usable(); err != nil {
-		return status.Errorf(codes.Unavailable, "refused: %v (kubelet's calls pass through meanwhile; inplacectl status)", err)
+		return errkind.Errorf(errkind.Unavailable, "refused: %v (kubelet's calls pass through meanwhile; inplacectl status)", err)
 	}
 	if !k.ready.Load() {
-		return status.Errorf(codes.Unavailable, "refused: the state store is back and the swap journal is being settled; try again in %s", store.RetryInterval)
+		return errkind.Errorf(errkind.Unavailable, "refused: the state store is back and the swap journal is being settled; try again in %s", store.RetryInterval)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/errkind"
 	"github.com/inplaced/inplaced/pkg/fence"
 	"github.com/inplaced/inplaced/pkg/store"
 	"github.com/inplaced/inplaced/pkg/swap"
@@ -25,7 +26,7 @@ func (i *Interceptors) waitFence(ctx context.Context, f *fence.Fence, method str
 	defer cancel()
 	out, err := f.Wait(wctx)
 	if err != nil {
-		return out, status.Errorf(codes.Unavailable, "container %s is being swapped by inplaced (swap %s): retry", f.Key, f.SwapID)
+		return out, errkind.Errorf(errkind.Unavailable, "container %s is being swapped by inplaced (swap %s): retry", f.Key, f.SwapID)
 	}
 	return out, nil
 }

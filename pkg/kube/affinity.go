@@ -6,8 +6,6 @@ import (
 	"sort"
 	"strings"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/labels"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +14,8 @@ import (
 	"k8s.io/klog/v2"
 
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
+
+	"github.com/inplaced/inplaced/pkg/errkind"
 )
 
 // Affinity drift policies (--affinity-drift).
@@ -71,7 +71,7 @@ func (c *Controller) Admit(_ context.Context, namespace, name, uid string) (stri
 		c.setCondition(pod, ConditionAffinityDrift, corev1.ConditionTrue, "NoLongerFits", why)
 	}()
 	if c.affinityDrift == DriftRefuse {
-		return "", status.Errorf(codes.FailedPrecondition, "pod %s/%s no longer fits its node (%s): swap refused (--affinity-drift=refuse); the scheduler would place it elsewhere — recreate the pod", namespace, name, why)
+		return "", errkind.Errorf(errkind.Refused, "pod %s/%s no longer fits its node (%s): swap refused (--affinity-drift=refuse); the scheduler would place it elsewhere — recreate the pod", namespace, name, why)
 	}
 	return "affinity drift: " + why, nil
 }
@@ -100,11 +100,11 @@ func (c *Controller) Misfits() (node string, checked int, misfits []*inplacedv1.
 	pods, nodes := c.lister, c.nodes
 	c.mu.Unlock()
 	if pods == nil || nodes == nil {
-		return c.node, 0, nil, status.Error(codes.Unavailable, "the pod watch has not started yet: retry in a moment")
+		return c.node, 0, nil, errkind.Errorf(errkind.Unavailable, "the pod watch has not started yet: retry in a moment")
 	}
 	n, err := nodes.Get(c.node)
 	if err != nil {
-		return c.node, 0, nil, status.Errorf(codes.Unavailable, "node %s not in the cache yet (%v): retry in a moment", c.node, err)
+		return c.node, 0, nil, errkind.Errorf(errkind.Unavailable, "node %s not in the cache yet (%v): retry in a moment", c.node, err)
 	}
 	all, err := pods.List(labels.Everything())
 	if err != nil {

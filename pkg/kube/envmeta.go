@@ -10,11 +10,10 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/errkind"
 	"github.com/inplaced/inplaced/pkg/intercept"
 	"github.com/inplaced/inplaced/pkg/swap"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
@@ -252,7 +251,7 @@ func (c *Controller) holdForEnvSwap(ctx context.Context, id string, s *envSwap) 
 	select {
 	case <-s.done:
 	case <-ctx.Done():
-		return intercept.StopDecision{Answered: true}, status.Errorf(codes.DeadlineExceeded,
+		return intercept.StopDecision{Answered: true}, errkind.Errorf(errkind.Timeout,
 			"inplaced: the in-place env swap replacing container %s is still running: %v", id, ctx.Err())
 	}
 	if !s.committed {

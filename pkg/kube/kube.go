@@ -31,13 +31,12 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/types"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/credentials"
+	"github.com/inplaced/inplaced/pkg/errkind"
 	"github.com/inplaced/inplaced/pkg/intercept"
 	"github.com/inplaced/inplaced/pkg/kubeclient"
 	"github.com/inplaced/inplaced/pkg/store"
@@ -271,7 +270,7 @@ func (c *Controller) HoldStop(ctx context.Context, req *runtimeapi.StopContainer
 	c.forget(ch)
 	if err != nil {
 		// kubelet gave up on the call; the swap runs to its end regardless.
-		return intercept.StopDecision{Answered: true}, status.Errorf(codes.DeadlineExceeded, "inplaced: in-place swap %s still running: %v", prep.ID(), err)
+		return intercept.StopDecision{Answered: true}, errkind.Errorf(errkind.Timeout, "inplaced: in-place swap %s still running: %v", prep.ID(), err)
 	}
 	switch {
 	case !res.Stopped:
@@ -322,7 +321,7 @@ func (c *Controller) release(ch *change, log *zap.Logger, why error) (intercept.
 	switch {
 	case errors.Is(why, errReverted):
 		log.Info("pod spec reverted while kubelet's stop was held: the container keeps running")
-		return intercept.StopDecision{Answered: true}, status.Errorf(codes.Aborted,
+		return intercept.StopDecision{Answered: true}, errkind.Errorf(errkind.Aborted,
 			"inplaced: %v (%s); container %s keeps running, nothing to do", errReverted, ch.image, ch.key.name)
 	case errors.Is(why, errDeleted):
 		// kubelet's pod worker is inside this sync: a stop that went
@@ -330,7 +329,7 @@ func (c *Controller) release(ch *change, log *zap.Logger, why error) (intercept.
 		// the pod's termination. Ending the sync lets the termination (whose
 		// stops go straight through) run now.
 		log.Info("pod deleted while kubelet's stop was held: ending that sync so the termination runs")
-		return intercept.StopDecision{Answered: true}, status.Errorf(codes.Aborted,
+		return intercept.StopDecision{Answered: true}, errkind.Errorf(errkind.Aborted,
 			"inplaced: %v; the image change is dropped and the container is left to the pod's termination", errDeleted)
 	case errors.Is(why, errHoldExpired):
 		log.Warn("pull still running near kubelet's deadline: letting the stop through (kubelet pulls the image itself)")
@@ -356,7 +355,7 @@ func (c *Controller) pullFailed(ch *change, prep *swap.Prepared, log *zap.Logger
 	}
 	log.Warn("pull failed: kubelet's stop refused, the old container keeps running", zap.Error(perr))
 	c.retryLater(ch)
-	return intercept.StopDecision{Answered: true}, status.Errorf(codes.FailedPrecondition,
+	return intercept.StopDecision{Answered: true}, errkind.Errorf(errkind.Refused,
 		"inplaced: image %s for container %q of pod %s/%s cannot be pulled (%v); the old container keeps running. To do: %s (swap %s)",
 		ch.image, ch.key.name, ch.namespace, ch.pod, perr, v.todo, prep.ID())
 }

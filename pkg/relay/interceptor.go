@@ -6,6 +6,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/inplaced/inplaced/pkg/errkind"
 )
 
 // Invoker forwards an encoded request to the backend and returns the encoded
@@ -14,8 +16,8 @@ type Invoker func(ctx context.Context, req []byte) ([]byte, error)
 
 // Interceptor handles one unary method. It may inspect or rewrite the request,
 // call next (zero, one or more times) and inspect or rewrite the response.
-// Errors it returns reach the caller as they are, so an interceptor returns
-// status errors (or the backend's error unchanged).
+// Errors of package errkind reach the caller with their kind's gRPC code,
+// status errors (the backend's) as they are.
 type Interceptor func(ctx context.Context, req []byte, next Invoker) ([]byte, error)
 
 // Table maps full method names ("/runtime.v1.RuntimeService/CreateContainer")
@@ -72,7 +74,9 @@ func Unary[Req, Resp any, PReq message[Req], PResp message[Resp]](
 			return resp, nil
 		})
 		if err != nil {
-			return nil, err
+			// The CRI edge: an interceptor's own errors (package errkind)
+			// get their gRPC code here, the backend's keep theirs.
+			return nil, errkind.GRPC(err)
 		}
 		out, err := proto.Marshal(resp)
 		if err != nil {

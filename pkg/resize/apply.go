@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/errkind"
 	"github.com/inplaced/inplaced/pkg/resources"
 )
 
@@ -60,7 +61,7 @@ func (r *Resizer) viaCgroups(ctx context.Context, o *op) error {
 		switch {
 		case errors.As(err, &ue) && (ue.Level == resources.LevelContainer || o.exactPod):
 			o.rec.Result = ResultRefused
-			return status.Errorf(codes.FailedPrecondition,
+			return errkind.Errorf(errkind.Refused,
 				"%s cgroup %s uses %d bytes of memory; the requested limit of %d bytes is not above that, and lowering a limit to or below usage would make the kernel reclaim or OOM-kill: nothing was changed",
 				ue.Level, ue.Cgroup, ue.Usage, ue.Requested)
 		case errors.As(err, &ue):
@@ -68,9 +69,9 @@ func (r *Resizer) viaCgroups(ctx context.Context, o *op) error {
 			// pod's usage itself; Apply below will not lower the pod.
 		case errors.Is(err, resources.ErrInvalidLimits):
 			o.rec.Result = ResultRefused
-			return status.Errorf(codes.InvalidArgument, "%v: nothing was changed", err)
+			return errkind.Errorf(errkind.Invalid, "%v: nothing was changed", err)
 		default:
-			return status.Errorf(codes.Internal, "plan the resize of %s: %v: nothing was changed", short(o.id), err)
+			return errkind.Errorf(errkind.Internal, "plan the resize of %s: %v: nothing was changed", short(o.id), err)
 		}
 	}
 
@@ -150,17 +151,17 @@ func (r *Resizer) undo(ctx context.Context, o *op, t resources.Target, old resou
 	cur, err := r.verify(t, old)
 	if err == nil {
 		o.rec.InEffect = cgroupValues(cur.Container)
-		return status.Errorf(codes.Aborted, "resize of %s failed and was undone: %v; in effect: %s", short(o.id), cause, describe(o.rec.InEffect))
+		return errkind.Errorf(errkind.Aborted, "resize of %s failed and was undone: %v; in effect: %s", short(o.id), cause, describe(o.rec.InEffect))
 	}
 	if errors.Is(err, fs.ErrNotExist) && status.Code(rtErr) == codes.NotFound {
 		o.rec.InEffect = nil
-		return status.Errorf(codes.NotFound, "container %s is gone: %s", short(o.id), status.Convert(rtErr).Message())
+		return errkind.Errorf(errkind.NotFound, "container %s is gone: %s", short(o.id), status.Convert(rtErr).Message())
 	}
 	restoreErrs = append(restoreErrs, err)
 	if cur.Container.Path != "" {
 		o.rec.InEffect = cgroupValues(cur.Container)
 	}
-	return status.Errorf(codes.Internal, "resize of %s failed and could not be undone: %v; restore: %v; in effect: %s",
+	return errkind.Errorf(errkind.Internal, "resize of %s failed and could not be undone: %v; restore: %v; in effect: %s",
 		short(o.id), cause, errors.Join(restoreErrs...), describe(o.rec.InEffect))
 }
 
@@ -179,12 +180,12 @@ func (r *Resizer) viaBackend(ctx context.Context, o *op) error {
 	o.rec.To = targetValues(want, o.rec.From)
 	if err := want.Validate(); err != nil {
 		o.rec.Result = ResultRefused
-		return status.Errorf(codes.InvalidArgument, "%v: nothing was changed", err)
+		return errkind.Errorf(errkind.Invalid, "%v: nothing was changed", err)
 	}
 	if m := want.MemoryLimit; m != nil && *m != resources.Unlimited {
 		if usage := r.memoryUsage(ctx, o.id); usage > 0 && uint64(*m) <= usage {
 			o.rec.Result = ResultRefused
-			return status.Errorf(codes.FailedPrecondition,
+			return errkind.Errorf(errkind.Refused,
 				"container %s uses %d bytes of memory (runtime stats); the requested limit of %d bytes is not above that: nothing was changed",
 				short(o.id), usage, *m)
 		}
@@ -234,9 +235,9 @@ func (r *Resizer) viaBackend(ctx context.Context, o *op) error {
 		o.rec.InEffect = criValues(got)
 	}
 	if restoreErr == nil && stErr == nil && criMatches(got, old) {
-		return status.Errorf(codes.Aborted, "resize of %s failed and was undone: %v; in effect (runtime): %s", short(o.id), cause, describe(o.rec.InEffect))
+		return errkind.Errorf(errkind.Aborted, "resize of %s failed and was undone: %v; in effect (runtime): %s", short(o.id), cause, describe(o.rec.InEffect))
 	}
-	return status.Errorf(codes.Internal, "resize of %s failed and could not be verified as undone: %v; restore: %v; in effect (runtime): %s",
+	return errkind.Errorf(errkind.Internal, "resize of %s failed and could not be verified as undone: %v; restore: %v; in effect (runtime): %s",
 		short(o.id), cause, errors.Join(restoreErr, stErr), describe(o.rec.InEffect))
 }
 
@@ -268,10 +269,10 @@ func (r *Resizer) memoryUsage(ctx context.Context, id string) uint64 {
 // is gone has exited or been removed.
 func readError(id string, err error) error {
 	if errors.Is(err, fs.ErrNotExist) {
-		return status.Errorf(codes.NotFound, "container %s: its cgroup is gone (%v): has it exited?", short(id), err)
+		return errkind.Errorf(errkind.NotFound, "container %s: its cgroup is gone (%v): has it exited?", short(id), err)
 	}
 	if errors.Is(err, resources.ErrInvalidTarget) {
-		return status.Errorf(codes.FailedPrecondition, "container %s: %v", short(id), err)
+		return errkind.Errorf(errkind.Refused, "container %s: %v", short(id), err)
 	}
-	return status.Errorf(codes.Internal, "read the cgroups of %s: %v", short(id), err)
+	return errkind.Errorf(errkind.Internal, "read the cgroups of %s: %v", short(id), err)
 }

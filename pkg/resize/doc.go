@@ -19,9 +19,9 @@
 //
 //  1. Read the container's and the pod's cgroups (resources.Manager.Read).
 //  2. Refuse, before anything changes, what kubelet refuses: a memory limit
-//     at or below current usage (codes.FailedPrecondition, stating usage and
+//     at or below current usage (errkind.Refused — FailedPrecondition at the edge —, stating usage and
 //     the requested limit), and values the kernel would reject
-//     (codes.InvalidArgument).
+//     (errkind.Invalid).
 //  3. resources.Manager.Apply raises the pod cgroup where the container's new
 //     values need room (pod first on a raise), then calls the runtime's
 //     UpdateContainerResources, so that its own record (the container spec
@@ -41,7 +41,7 @@
 // If step 4 or 5 fails, everything is put back: the runtime is asked for the
 // previous values (it may have changed some before failing), then Apply
 // repairs the cgroups to them, leaving the pod as it was. The answer is
-// codes.Aborted when the previous values are in effect again, codes.Internal
+// errkind.Aborted when the previous values are in effect again, errkind.Internal
 // when they could not all be restored; either way the message states what is
 // in effect, and the ResizeRecord rides along as a status detail.
 //

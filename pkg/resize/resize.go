@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/caller"
+	"github.com/inplaced/inplaced/pkg/errkind"
 	"github.com/inplaced/inplaced/pkg/fence"
 	"github.com/inplaced/inplaced/pkg/resources"
 	"github.com/inplaced/inplaced/pkg/runtimeclass"
@@ -118,10 +118,10 @@ func (r *Resizer) Resize(ctx context.Context, req *inplacedv1.ResizeRequest, uid
 		return nil, err
 	}
 	if c.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
-		return nil, status.Errorf(codes.FailedPrecondition, "container %s is %s, not running: only a running container is resized in place", short(c.Id), c.State)
+		return nil, errkind.Errorf(errkind.Refused, "container %s is %s, not running: only a running container is resized in place", short(c.Id), c.State)
 	}
 	if r.fences != nil && r.fences.ByContainer(c.Id) != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "container %s is being swapped: resize it when the swap has ended", short(c.Id))
+		return nil, errkind.Errorf(errkind.Refused, "container %s is being swapped: resize it when the swap has ended", short(c.Id))
 	}
 
 	r.mu.Lock()
@@ -213,7 +213,7 @@ func (r *Resizer) inspect(ctx context.Context, id, sandboxID string) (*op, error
 	}
 	st := resp.GetStatus()
 	if st == nil {
-		return nil, status.Errorf(codes.NotFound, "container %s: the runtime returned no status", short(id))
+		return nil, errkind.Errorf(errkind.NotFound, "container %s: the runtime returned no status", short(id))
 	}
 	o := &op{id: st.GetId(), status: st}
 	if o.id == "" {
@@ -282,7 +282,7 @@ func (r *Resizer) run(ctx context.Context, o *op, start time.Time) (err error) {
 				o.rec.Result = ResultFailed
 			}
 			o.rec.Error = status.Convert(err).Message()
-			err = withRecord(err, o.rec)
+			err = errkind.WithDetail(err, o.rec) // so a client sees what is in effect even when the call failed
 		}
 		if perr := r.store.PutResize(o.rec); perr != nil {
 			log.Error("resize: record", zap.Error(perr))
@@ -310,18 +310,12 @@ func (r *Resizer) run(ctx context.Context, o *op, start time.Time) (err error) {
 	}
 }
 
-// withRecord attaches rec to a status error as a detail, so that a client
-// sees what is in effect even when the call failed.
-func withRecord(err error, rec *inplacedv1.ResizeRecord) error {
-	st := status.Convert(err)
-	if d, derr := st.WithDetails(rec); derr == nil {
-		return d.Err()
-	}
-	return err
-}
-
-// RecordOf returns the ResizeRecord carried by a Resize error, if any.
+// RecordOf returns the ResizeRecord a failed Resize carries: in process
+// as the error's detail, over the control API as a status detail.
 func RecordOf(err error) *inplacedv1.ResizeRecord {
+	if rec, ok := errkind.DetailOf(err).(*inplacedv1.ResizeRecord); ok {
+		return rec
+	}
 	for _, d := range status.Convert(err).Details() {
 		if rec, ok := d.(*inplacedv1.ResizeRecord); ok {
 			return rec

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/errkind"
 	"github.com/inplaced/inplaced/pkg/store"
 	"github.com/inplaced/inplaced/pkg/swap"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
@@ -129,7 +130,7 @@ func TestResizeBelowUsageTouchesNothing(t *testing.T) {
 
 	_, err := f.r.Resize(context.Background(), &inplacedv1.ResizeRequest{Target: appTarget,
 		Resources: &inplacedv1.Resources{MemoryLimitBytes: 100 * mi, CpuLimitMillis: 1000}}, 0, 1)
-	if status.Code(err) != codes.FailedPrecondition {
+	if status.Code(errkind.GRPC(err)) != codes.FailedPrecondition {
 		t.Fatalf("Resize: %v, want FailedPrecondition", err)
 	}
 	for _, s := range []string{"314572800", "104857600"} {
@@ -157,7 +158,7 @@ func TestResizeBelowUsageTouchesNothing(t *testing.T) {
 	// kubelet's own call is refused the same way, without reaching the runtime.
 	_, err = f.r.UpdateContainerResources(context.Background(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: ctrID,
 		Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 100 * mi}}, f.nextMustNot(t))
-	if status.Code(err) != codes.FailedPrecondition {
+	if status.Code(errkind.GRPC(err)) != codes.FailedPrecondition {
 		t.Fatalf("kubelet update: %v, want FailedPrecondition", err)
 	}
 }
@@ -172,7 +173,7 @@ func TestResizeFailureRestoresEverything(t *testing.T) {
 
 	_, err := f.r.Resize(context.Background(), &inplacedv1.ResizeRequest{Target: appTarget,
 		Resources: &inplacedv1.Resources{CpuLimitMillis: 1500, MemoryLimitBytes: 512 * mi}}, 0, 1)
-	if status.Code(err) != codes.Aborted {
+	if status.Code(errkind.GRPC(err)) != codes.Aborted {
 		t.Fatalf("Resize: %v, want Aborted (failed and undone)", err)
 	}
 	if !strings.Contains(err.Error(), "in effect: cpu quota 50000/100000 µs, cpu shares 512, memory 268435456 bytes") {
@@ -228,7 +229,7 @@ func TestResizeVMUsesBackendOnly(t *testing.T) {
 	// Below usage (runtime stats) is refused there too, before the runtime.
 	_, err = f.r.Resize(context.Background(), &inplacedv1.ResizeRequest{Target: &inplacedv1.Target{ContainerId: "k1"},
 		Resources: &inplacedv1.Resources{MemoryLimitBytes: 50 * mi}}, 0, 1)
-	if status.Code(err) != codes.FailedPrecondition || len(f.rt.updates) != 1 {
+	if status.Code(errkind.GRPC(err)) != codes.FailedPrecondition || len(f.rt.updates) != 1 {
 		t.Errorf("below usage: %v with %d runtime updates, want FailedPrecondition and no new update", err, len(f.rt.updates))
 	}
 }
@@ -336,7 +337,7 @@ func TestKubeletUpdatePassThrough(t *testing.T) {
 	// Unknown container: the backend answers, with its own code.
 	_, err = f.r.UpdateContainerResources(context.Background(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: "nope",
 		Linux: &runtimeapi.LinuxContainerResources{CpuQuota: 100000}}, f.next)
-	if status.Code(err) != codes.NotFound {
+	if status.Code(errkind.GRPC(err)) != codes.NotFound {
 		t.Errorf("unknown container: %v, want the backend's NotFound", err)
 	}
 }
@@ -354,7 +355,7 @@ func TestResizeRequestErrors(t *testing.T) {
 		{"huge", &inplacedv1.ResizeRequest{Target: appTarget, Resources: &inplacedv1.Resources{CpuLimitMillis: 1 << 62}}, codes.InvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := f.r.Resize(context.Background(), tc.req, 0, 1); status.Code(err) != tc.code {
+			if _, err := f.r.Resize(context.Background(), tc.req, 0, 1); status.Code(errkind.GRPC(err)) != tc.code {
 				t.Errorf("err %v, want %s", err, tc.code)
 			}
 		})

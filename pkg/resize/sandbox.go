@@ -7,10 +7,10 @@ import (
 	"math/bits"
 	"strings"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/errkind"
 	"github.com/inplaced/inplaced/pkg/resources"
 	"github.com/inplaced/inplaced/pkg/runtimeclass"
 	"github.com/inplaced/inplaced/pkg/swap"
@@ -71,7 +71,7 @@ func (r *Resizer) viaSandbox(ctx context.Context, o *op) error {
 	o.rec.Requested = targetValues(want, criValues(lr))
 	if err := want.Validate(); err != nil {
 		o.rec.Result = ResultRefused
-		return status.Errorf(codes.InvalidArgument, "%v: nothing was changed", err)
+		return errkind.Errorf(errkind.Invalid, "%v: nothing was changed", err)
 	}
 	if !o.exactPod {
 		return r.sandboxForKubelet(ctx, o, t)
@@ -82,7 +82,7 @@ func (r *Resizer) viaSandbox(ctx context.Context, o *op) error {
 	}
 	if len(others) > 0 {
 		o.rec.Result = ResultRefused
-		return status.Errorf(codes.FailedPrecondition, "runtime handler %q (%s): the host enforces limits only for the whole sandbox, "+
+		return errkind.Errorf(errkind.Refused, "runtime handler %q (%s): the host enforces limits only for the whole sandbox, "+
 			"and pod %s/%s has %d other container(s) in it (%s), so a limit for container %q alone would be enforced by nothing: nothing was changed. "+
 			"Instead resize the pod as a whole through Kubernetes (kubectl patch pod %s --subresource resize: kubelet sets the sandbox's limit to the sum of its containers' limits), "+
 			"or run %q in a pod of its own, where inplacectl resize sets the sandbox's limit to the container's plus the pod overhead",
@@ -98,14 +98,14 @@ func (r *Resizer) viaSandbox(ctx context.Context, o *op) error {
 		switch {
 		case errors.As(err, &ue):
 			o.rec.Result = ResultRefused
-			return status.Errorf(codes.FailedPrecondition,
+			return errkind.Errorf(errkind.Refused,
 				"the sandbox (pod cgroup %s) uses %d bytes of memory; the sandbox limit this asks for, %d bytes (the container's limit plus %d bytes of pod overhead), is not above that: nothing was changed",
 				ue.Cgroup, ue.Usage, ue.Requested, o.overhead.MemoryBytes)
 		case errors.Is(err, resources.ErrInvalidLimits):
 			o.rec.Result = ResultRefused
-			return status.Errorf(codes.InvalidArgument, "%v: nothing was changed", err)
+			return errkind.Errorf(errkind.Invalid, "%v: nothing was changed", err)
 		default:
-			return status.Errorf(codes.Internal, "plan the resize of sandbox %s: %v: nothing was changed", o.sandboxCgroup, err)
+			return errkind.Errorf(errkind.Internal, "plan the resize of sandbox %s: %v: nothing was changed", o.sandboxCgroup, err)
 		}
 	}
 
@@ -170,13 +170,13 @@ func (r *Resizer) sandboxUndo(ctx context.Context, o *op, t resources.Target, be
 	cur, err := r.verify(t, old)
 	if err == nil && len(restoreErrs) == 0 {
 		o.rec.InEffect = cgroupValues(cur.Container)
-		return status.Errorf(codes.Aborted, "resize of sandbox %s failed and was undone: %v; in effect: %s", o.sandboxCgroup, cause, describe(o.rec.InEffect))
+		return errkind.Errorf(errkind.Aborted, "resize of sandbox %s failed and was undone: %v; in effect: %s", o.sandboxCgroup, cause, describe(o.rec.InEffect))
 	}
 	restoreErrs = append(restoreErrs, err)
 	if cur.Container.Path != "" {
 		o.rec.InEffect = cgroupValues(cur.Container)
 	}
-	return status.Errorf(codes.Internal, "resize of sandbox %s failed and could not be undone: %v; restore: %v; in effect: %s",
+	return errkind.Errorf(errkind.Internal, "resize of sandbox %s failed and could not be undone: %v; restore: %v; in effect: %s",
 		o.sandboxCgroup, cause, errors.Join(restoreErrs...), describe(o.rec.InEffect))
 }
 

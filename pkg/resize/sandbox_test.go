@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/errkind"
 	"github.com/inplaced/inplaced/pkg/runtimeclass"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
@@ -88,7 +89,7 @@ func TestResizeSandboxLowering(t *testing.T) {
 
 	_, err := f.r.Resize(context.Background(), &inplacedv1.ResizeRequest{Target: appTarget,
 		Resources: &inplacedv1.Resources{MemoryLimitBytes: 50 * mi}}, 0, 1)
-	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "uses 104857600 bytes") {
+	if status.Code(errkind.GRPC(err)) != codes.FailedPrecondition || !strings.Contains(err.Error(), "uses 104857600 bytes") {
 		t.Errorf("below the sandbox's usage: %v, want FailedPrecondition stating usage", err)
 	}
 	if got := f.fs.get(podCg, "memory.limit_in_bytes"); got != "301989888" || len(f.rt.updates) != 1 {
@@ -105,7 +106,7 @@ func TestResizeSandboxRefusesPerContainer(t *testing.T) {
 		labels: map[string]string{"io.kubernetes.container.name": "sidecar"}, res: &runtimeapi.LinuxContainerResources{}}, "runsc")
 	rec, err := f.r.Resize(context.Background(), &inplacedv1.ResizeRequest{Target: appTarget,
 		Resources: &inplacedv1.Resources{MemoryLimitBytes: 100 * mi}}, 0, 1)
-	if status.Code(err) != codes.FailedPrecondition {
+	if status.Code(errkind.GRPC(err)) != codes.FailedPrecondition {
 		t.Fatalf("Resize: %v, want FailedPrecondition", err)
 	}
 	for _, s := range []string{"only for the whole sandbox", "(sidecar)", "nothing was changed", "--subresource resize", "in a pod of its own"} {

@@ -5,10 +5,9 @@ import (
 	"math"
 	"strings"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/errkind"
 	"github.com/inplaced/inplaced/pkg/resources"
 	"github.com/inplaced/inplaced/pkg/swap"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
@@ -25,15 +24,15 @@ const (
 // validate checks a control API request before anything is looked up.
 func validate(r *inplacedv1.Resources) error {
 	if r.GetCpuLimitMillis() < 0 || r.GetCpuRequestMillis() < 0 || r.GetMemoryLimitBytes() < 0 {
-		return status.Errorf(codes.InvalidArgument, "negative resources (cpu limit %dm, cpu request %dm, memory %d bytes): give positive values",
+		return errkind.Errorf(errkind.Invalid, "negative resources (cpu limit %dm, cpu request %dm, memory %d bytes): give positive values",
 			r.GetCpuLimitMillis(), r.GetCpuRequestMillis(), r.GetMemoryLimitBytes())
 	}
 	if r.GetCpuLimitMillis() == 0 && r.GetCpuRequestMillis() == 0 && r.GetMemoryLimitBytes() == 0 {
-		return status.Error(codes.InvalidArgument, "nothing to resize: give a CPU limit, a CPU request or a memory limit")
+		return errkind.Errorf(errkind.Invalid, "nothing to resize: give a CPU limit, a CPU request or a memory limit")
 	}
 	// millis * period must fit in an int64 for the largest period (1 s).
 	if r.GetCpuLimitMillis() > math.MaxInt64/1000000 {
-		return status.Errorf(codes.InvalidArgument, "cpu limit %dm is out of range", r.GetCpuLimitMillis())
+		return errkind.Errorf(errkind.Invalid, "cpu limit %dm is out of range", r.GetCpuLimitMillis())
 	}
 	return nil
 }

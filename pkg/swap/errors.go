@@ -1,40 +1,29 @@
 package swap
 
-import "fmt"
+import "github.com/inplaced/inplaced/pkg/errkind"
 
-// Kind is the kind of one of the engine's own refusals. The engine says
-// what is wrong and what to do; the edges map the kind to their code once
-// (package control: gRPC InvalidArgument, NotFound, FailedPrecondition).
-// Errors of the runtime pass through as they are, with their own codes.
-type Kind string
-
-func (k Kind) Error() string { return string(k) }
+// Kind is the kind of one of the engine's own refusals (package errkind).
+// The engine says what is wrong and what to do; the edges map the kind to
+// its code once (errkind.GRPC: InvalidArgument, NotFound,
+// FailedPrecondition). Errors of the runtime pass through as they are, with
+// their own codes.
+type Kind = errkind.Kind
 
 // The kinds, for errors.Is.
 const (
-	ErrInvalid  Kind = "invalid request" // cannot be carried out as given
-	ErrNotFound Kind = "not found"       // the target or swap does not exist
-	ErrRefused  Kind = "refused"         // valid, but not now (a swap runs, the container stopped, no override...)
+	ErrInvalid  = errkind.Invalid  // cannot be carried out as given
+	ErrNotFound = errkind.NotFound // the target or swap does not exist
+	ErrRefused  = errkind.Refused  // valid, but not now (a swap runs, the container stopped, no override...)
 )
 
-// refusal is an error of one of the kinds above; its text is the message
-// alone.
-type refusal struct {
-	kind Kind
-	msg  string
-}
-
-func (r *refusal) Error() string        { return r.msg }
-func (r *refusal) Is(target error) bool { k, ok := target.(Kind); return ok && k == r.kind }
-
 func invalidf(format string, a ...any) error {
-	return &refusal{kind: ErrInvalid, msg: fmt.Sprintf(format, a...)}
+	return errkind.Errorf(ErrInvalid, format, a...)
 }
 
 func notFoundf(format string, a ...any) error {
-	return &refusal{kind: ErrNotFound, msg: fmt.Sprintf(format, a...)}
+	return errkind.Errorf(ErrNotFound, format, a...)
 }
 
 func refusedf(format string, a ...any) error {
-	return &refusal{kind: ErrRefused, msg: fmt.Sprintf(format, a...)}
+	return errkind.Errorf(ErrRefused, format, a...)
 }
