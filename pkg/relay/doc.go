@@ -70,6 +70,11 @@
 //     (30 s) ends the connection. Other sessions are never affected: each
 //     caller connection has its own state, lock and backend connections.
 //
+// With WithGRPCServer (config relay: grpc) the callers' connections are
+// grpc-go's server's own, with its limits; the router's request checks
+// still run in front of it (checkedConn, grpccheck.go), so a malformed
+// request reaches no backend in either mode.
+//
 // Each limit that ends a connection is logged (warn) and counted by the
 // abuse observer (the metric inplaced_relay_abuse_total{limit}). Protocol
 // errors end the connection with the HTTP/2 error code (GOAWAY) or, where

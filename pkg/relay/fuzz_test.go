@@ -327,6 +327,9 @@ func FuzzRouter(f *testing.F) {
 	for _, in := range fuzzSeeds() {
 		f.Add(in)
 	}
+	for _, c := range malformedRequests() {
+		f.Add(c.in)
+	}
 	s := start(f, nil)
 	sock := s.client.Target()[len("unix://"):]
 	f.Fuzz(func(t *testing.T, in []byte) {

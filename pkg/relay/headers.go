@@ -40,8 +40,13 @@ func newHeaderBlock() *headerBlock {
 
 // begin starts a block from a HEADERS frame.
 func (h *headerBlock) begin(f *http2.HeadersFrame) {
-	h.stream, h.end = f.StreamID, f.StreamEnded()
-	h.selfDep = f.HasPriority() && f.Priority.StreamDep == f.StreamID
+	h.start(f.StreamID, f.StreamEnded(), f.HasPriority() && f.Priority.StreamDep == f.StreamID)
+}
+
+// start starts a block of stream id from a HEADERS frame with END_STREAM
+// (end) or not, that made the stream depend on itself (selfDep) or not.
+func (h *headerBlock) start(id uint32, end, selfDep bool) {
+	h.stream, h.end, h.selfDep = id, end, selfDep
 	h.fields, h.size, h.pseudo, h.sawReg, h.err, h.frames = h.fields[:0], 0, 0, false, nil, 0
 	h.dec.SetEmitEnabled(true)
 }

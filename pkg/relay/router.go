@@ -160,7 +160,7 @@ func (r *Relay) NewServer() *Server {
 // when stopped while serving, and the listener's error otherwise.
 func (s *Server) Serve(lis net.Listener) error {
 	if s.r.grpcAll {
-		return s.inner.Serve(lis)
+		return s.inner.Serve(checkedListener{lis}) // the router's request checks first (grpccheck.go)
 	}
 	s.mu.Lock()
 	if s.stopping {
@@ -764,9 +764,10 @@ func (s *session) callerHeaders(id uint32, h *headerBlock) error {
 		if st.gotEnd[sideDown] {
 			return connErr{http2.ErrCodeStreamClosed, fmt.Sprintf("HEADERS after END_STREAM on stream %d", id)}
 		}
-		if !end || h.pseudo != 0 {
+		if !end || h.pseudo != 0 || st.clen >= 0 && !takeBody(&st.clen, 0, true) {
 			// Trailers end the stream and carry no pseudo-header field
-			// (RFC 9113 §8.1, §8.3): a malformed request, a stream error.
+			// (RFC 9113 §8.1, §8.3), and the body must have matched its
+			// content-length (§8.1.1): a malformed request, a stream error.
 			s.resetBoth(st, http2.ErrCodeProtocol, codes.Internal)
 			return nil
 		}
@@ -780,8 +781,8 @@ func (s *session) callerHeaders(id uint32, h *headerBlock) error {
 		return protoErr("HEADERS opening stream %d after %d", id, s.lastID)
 	}
 	s.lastID = id
-	malformed, clen := malformedRequest(fields)
-	if h.selfDep || malformed {
+	bad, clen := badRequest(h)
+	if bad {
 		// RFC 9113 §5.3.1, §8.1.1: a stream error; nothing is opened.
 		_ = s.down.fr.WriteRSTStream(id, http2.ErrCodeProtocol)
 		s.down.dirty = true
@@ -895,6 +896,24 @@ func (s *session) startWaiting(p *peer) {
 	if len(p.waiting) == 0 {
 		p.waiting = nil
 	}
+}
+
+// badRequest says whether the request whose header block h just ended is
+// one that must reach no backend (a stream error, RFC 9113 §5.3.1, §8.1.1),
+// and returns its content-length, -1 if it has none. The router's check,
+// and checkedConn's in front of grpc-go's server.
+func badRequest(h *headerBlock) (bool, int64) {
+	malformed, clen := malformedRequest(h.fields)
+	return h.selfDep || malformed, clen
+}
+
+// takeBody takes n bytes of a request's DATA off left, what its
+// content-length says is still to come, and says whether the body still
+// agrees with it: never more than declared, and all of it by the end of the
+// stream (RFC 9113 §8.1.1).
+func takeBody(left *int64, n int, end bool) bool {
+	*left -= int64(n)
+	return *left >= 0 && !(end && *left != 0)
 }
 
 // malformedRequest: a request's pseudo-header fields missing or empty, or a
@@ -1063,7 +1082,7 @@ func (s *session) data(p *peer, f *http2.DataFrame) error {
 	if st.clen >= 0 && from == sideDown {
 		// RFC 9113 §8.1.1: DATA that disagrees with content-length makes
 		// the request malformed, a stream error.
-		if st.clen -= int64(len(d)); st.clen < 0 || f.StreamEnded() && st.clen != 0 {
+		if !takeBody(&st.clen, len(d), f.StreamEnded()) {
 			s.creditConn(p, int64(len(d)))
 			s.resetBoth(st, http2.ErrCodeProtocol, codes.Internal)
 			return nil
