@@ -41,6 +41,10 @@
 #                      the document says whether the machine got quiet, and
 #                      each verdict drawn from a cell measured under load is
 #                      marked unreliable (test/bench/report/hygiene.go)
+#   BASELINE=commit    BenchmarkCRI also runs inplaced built from that commit
+#                      (in a temporary git worktree), in the same rounds as
+#                      the build under test: the targets then compare p50 and
+#                      CPU per call with it (at most 1.10×, issue 26)
 #   RELAY_AB=commit    also run BenchmarkRelay (in process, no containerd)
 #                      built with pkg/relay of that commit and of this tree
 #                      (the same benchmark code), alternately RELAY_AB_RUNS
@@ -123,6 +127,19 @@ relay_ab() {
 
 mkdir -p "${OUT}"
 rm -f "${INPLACED_BENCH_RESULTS}" "${OUT}/load.txt" "${OUT}/relay-ab.log"
+
+# The baseline build, before the quiet wait: building is no measurement.
+if [[ -n "${BASELINE:-}" ]]; then
+	base="$(git rev-parse --short "${BASELINE}")"
+	basedir="$(mktemp -d)"
+	trap 'git worktree remove --force "${basedir}" 2>/dev/null || rm -rf "${basedir}"' EXIT
+	git worktree add --detach "${basedir}" "${base}" >/dev/null
+	log "building inplaced at ${base} (the baseline)"
+	(cd "${basedir}" && CGO_ENABLED=0 go build -o "${OUT}/inplaced-${base}" ./cmd/inplaced)
+	git worktree remove --force "${basedir}"
+	trap - EXIT
+	export INPLACED_BENCH_BASELINE="${base}=${OUT}/inplaced-${base}"
+fi
 
 # Wait (bounded) for a quiet machine: the 1-minute load average at most
 # BENCH_QUIET_LOAD.

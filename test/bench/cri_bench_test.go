@@ -3,7 +3,9 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,6 +44,18 @@ type criCall struct {
 	do   func(ctx context.Context, c *harness.CRIClient, i int) error
 }
 
+// baselineBinary is the inplaced build BenchmarkCRI compares with, from
+// $INPLACED_BENCH_BASELINE ("<label>=<path>", set by hack/bench.sh
+// BASELINE=commit): its path and label, or "".
+func baselineBinary() (bin, label string) {
+	v := os.Getenv("INPLACED_BENCH_BASELINE")
+	label, bin, ok := strings.Cut(v, "=")
+	if !ok {
+		return "", ""
+	}
+	return bin, label
+}
+
 // criOneProc is the variant of inplaced that BenchmarkCRI measures beside
 // the default one: the Go runtime limited to one OS thread running Go code,
 // so that handing a call from goroutine to goroutine never wakes another
@@ -63,6 +77,12 @@ func BenchmarkCRI(b *testing.B) {
 		direct := ctrd.CRI(b)
 		proxy := harness.DialCRI(b, px.Endpoint)
 		proxies := []criProxy{{pid: px.PID(), cri: proxy}, {variant: criOneProc, pid: px1.PID(), cri: harness.DialCRI(b, px1.Endpoint)}}
+		if bin, label := baselineBinary(); bin != "" {
+			// Another build of inplaced (hack/bench.sh BASELINE=commit), in
+			// the same rounds: the same cells before and after a change.
+			pb := startBenchProxyBinary(b, bin, ctrd.Endpoint, 3*time.Second)
+			proxies = append(proxies, criProxy{variant: report.BaselinePrefix + label, pid: pb.PID(), cri: harness.DialCRI(b, pb.Endpoint)})
+		}
 		proxies = append(proxies, startFloors(b, ctrd.Socket)...)
 		ids := criPopulate(b, direct, ctrd.Images)
 		image := ctrd.Images.Pause // what the containers run

@@ -66,7 +66,14 @@ var benchLinks []benchLink
 // gate default (--health-min-runtime); env is added to its environment.
 func startBenchProxy(b *testing.B, endpoint string, minRuntime time.Duration, env ...string) *harness.Inplaced {
 	b.Helper()
-	px := harness.StartInplaced(b, endpoint, env...)
+	return startBenchProxyBinary(b, "", endpoint, minRuntime, env...)
+}
+
+// startBenchProxyBinary is startBenchProxy with the inplaced binary bin
+// ("" for the one under test).
+func startBenchProxyBinary(b *testing.B, bin, endpoint string, minRuntime time.Duration, env ...string) *harness.Inplaced {
+	b.Helper()
+	px := harness.StartInplacedBinary(b, bin, endpoint, env...)
 	if err := px.Stop(); err != nil {
 		b.Fatal(err)
 	}

@@ -25,6 +25,7 @@ type Inplaced struct {
 	LogPath       string
 	Backend       string // runtime endpoint
 	ExtraArgs     []string
+	Bin           string // the inplaced binary; "" for BinDir's
 
 	tb      testing.TB
 	mu      sync.Mutex
@@ -75,13 +76,20 @@ var (
 // env is added to its environment (e.g. the crash test switch).
 func StartInplaced(tb testing.TB, backendEndpoint string, env ...string) *Inplaced {
 	tb.Helper()
+	return StartInplacedBinary(tb, "", backendEndpoint, env...)
+}
+
+// StartInplacedBinary is StartInplaced with the inplaced binary bin ("" for
+// BinDir's), e.g. another commit's build to compare with.
+func StartInplacedBinary(tb testing.TB, bin, backendEndpoint string, env ...string) *Inplaced {
+	tb.Helper()
 	dir, err := os.MkdirTemp(shortTempDir(), "ipx")
 	if err != nil {
 		tb.Fatal(err)
 	}
 	d := &Inplaced{
 		Dir: dir, Socket: filepath.Join(dir, "i.sock"), ControlSocket: filepath.Join(dir, "ctl.sock"),
-		LogPath: filepath.Join(dir, "inplaced.log"), Backend: backendEndpoint, tb: tb,
+		LogPath: filepath.Join(dir, "inplaced.log"), Backend: backendEndpoint, Bin: bin, tb: tb,
 	}
 	d.Endpoint = "unix://" + d.Socket
 	tb.Cleanup(func() {
@@ -100,7 +108,10 @@ func StartInplaced(tb testing.TB, backendEndpoint string, env ...string) *Inplac
 
 // Start (re)starts the daemon with the same state dir and sockets.
 func (d *Inplaced) Start(env ...string) error {
-	bin := filepath.Join(BinDir(d.tb), "inplaced")
+	bin := d.Bin
+	if bin == "" {
+		bin = filepath.Join(BinDir(d.tb), "inplaced")
+	}
 	args := append([]string{
 		"--listen", d.Socket, "--control-socket", d.ControlSocket, "--state-dir", filepath.Join(d.Dir, "state"),
 		"--runtime-endpoint", d.Backend, "--log-level", "debug", "--log-format", "console",

@@ -317,3 +317,72 @@ func conditionsNote(b *strings.Builder) {
 		"says the machine changed under the cell (every path saw it); a floor that moved while direct stayed put says its own process was "+
 		"scheduled unevenly.\n\n", MaxForeignLoadPerCPU*100, MaxSteal*100, MaxFloorDrift*100, DriftWindows)
 }
+
+// BaselinePrefix starts the Variant of another build of inplaced measured in
+// the same rounds (hack/bench.sh BASELINE=commit): "baseline: <commit>".
+const BaselinePrefix = "baseline: "
+
+// TargetVsBaseline bounds inplaced's p50 and CPU per call against the
+// baseline build's in the same rounds (issue 26: a relay change may not make
+// the pass-through more than 10% worse).
+const TargetVsBaseline = 1.10
+
+// vsBaselineRows compare inplaced with the baseline build of backend be,
+// call by call, at each number of callers.
+func (d *doc) vsBaselineRows(be string) []targetRow {
+	var rows []targetRow
+	for _, v := range variantNames(d.variants[be]) {
+		if !strings.HasPrefix(v, BaselinePrefix) {
+			continue
+		}
+		label := strings.TrimPrefix(v, BaselinePrefix)
+		for _, conc := range []int{1, 16} {
+			var pairs []vsFloor // the same pairing: inplaced's cell and the baseline's
+			for _, l := range cellsAt(d.latencies[be], "", conc) {
+				for _, o := range cellsAt(d.variants[be], v, conc) {
+					if o.Method == l.Method {
+						pairs = append(pairs, vsFloor{l, o})
+					}
+				}
+			}
+			if len(pairs) == 0 {
+				continue
+			}
+			var cells []*Latency
+			pass, cpuPass, cpuN := 0, 0, 0
+			var worst, worstCPU vsFloor
+			p50 := func(p vsFloor) float64 { return ratio(float64(p.px.Proxy.P50), float64(p.floor.Proxy.P50)) }
+			for _, p := range pairs {
+				cells = append(cells, p.px, p.floor)
+				if p50(p) <= TargetVsBaseline {
+					pass++
+				}
+				if worst.px == nil || p50(p) > p50(worst) {
+					worst = p
+				}
+				if p.px.ProxyCPUPerCall > 0 && p.floor.ProxyCPUPerCall > 0 {
+					cpuN++
+					if p.cpuRatio() <= TargetVsBaseline {
+						cpuPass++
+					}
+					if worstCPU.px == nil || p.cpuRatio() > worstCPU.cpuRatio() {
+						worstCPU = p
+					}
+				}
+			}
+			rows = append(rows, targetRow{backend: be, cells: cells,
+				target: fmt.Sprintf("p50 ≤ %.2f× inplaced at %s (same rounds), every call, %s", TargetVsBaseline, label, callers(conc)),
+				measured: fmt.Sprintf("%d of %d calls within; largest: %s %s (%s vs %s)", pass, len(pairs), worst.px.Method,
+					fmtRatio(p50(worst)), fmtDur(worst.px.Proxy.P50), fmtDur(worst.floor.Proxy.P50)),
+				ok: pass == len(pairs)})
+			if cpuN > 0 {
+				rows = append(rows, targetRow{backend: be, cells: cells,
+					target: fmt.Sprintf("CPU per relayed call ≤ %.2f× inplaced at %s's, every call, %s", TargetVsBaseline, label, callers(conc)),
+					measured: fmt.Sprintf("%d of %d calls within; largest: %s %s (%s vs %s)", cpuPass, cpuN, worstCPU.px.Method,
+						fmtRatio(worstCPU.cpuRatio()), fmtDur(worstCPU.px.ProxyCPUPerCall), fmtDur(worstCPU.floor.ProxyCPUPerCall)),
+					ok: cpuPass == cpuN})
+			}
+		}
+	}
+	return rows
+}

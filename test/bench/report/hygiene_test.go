@@ -104,3 +104,29 @@ func TestRenderUnderLoad(t *testing.T) {
 		}
 	}
 }
+
+// TestRenderVsBaseline: with another build of inplaced measured in the same
+// rounds, the targets compare inplaced's p50 and CPU per call with it.
+func TestRenderVsBaseline(t *testing.T) {
+	us := func(n int64) int64 { return n * 1e3 }
+	in := Input{Machine: Machine{NProc: 2}, Records: []Record{
+		{Latency: &Latency{Backend: "b", Method: "Version", Concurrency: 1, Direct: Summary{P50: us(100)}, Proxy: Summary{P50: us(210)},
+			ProxyCPUPerCall: us(60), Conditions: quiet}},
+		{Latency: &Latency{Backend: "b", Method: "Version", Concurrency: 1, Variant: BaselinePrefix + "7ec0191", Direct: Summary{P50: us(100)},
+			Proxy: Summary{P50: us(200)}, ProxyCPUPerCall: us(50), Conditions: quiet}},
+	}}
+	var buf bytes.Buffer
+	if err := Render(&buf, in); err != nil {
+		t.Fatal(err)
+	}
+	md := buf.String()
+	for _, want := range []string{
+		"| p50 ≤ 1.10× inplaced at 7ec0191 (same rounds), every call, 1 caller | b | 1 of 1 calls within; largest: Version 1.05× (210 µs vs 200 µs) | **PASS** |",
+		"| CPU per relayed call ≤ 1.10× inplaced at 7ec0191's, every call, 1 caller | b | 0 of 1 calls within; largest: Version 1.20× (60 µs vs 50 µs) | **FAIL** |",
+		"a second inplaced, built from commit `7ec0191`",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+}

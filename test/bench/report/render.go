@@ -311,6 +311,9 @@ func variantNames(vs []*Latency) []string {
 // variantAbout says what a BenchmarkCRI variant is.
 func variantAbout(v string) string {
 	switch {
+	case strings.HasPrefix(v, BaselinePrefix):
+		return "a second inplaced, built from commit `" + strings.TrimPrefix(v, BaselinePrefix) + "` (`hack/bench.sh` `BASELINE=`), started as the first: " +
+			"the same cells before the change under test."
 	case strings.HasPrefix(v, "GOMAXPROCS="):
 		return "a second inplaced started with `" + v + "`: the Go scheduler on one OS thread, so a call handed from goroutine to goroutine " +
 			"inside inplaced does not wake a second CPU. Not how inplaced is installed."
@@ -354,6 +357,7 @@ func (d *doc) targetRows() []targetRow {
 			})
 		}
 		rows = append(rows, d.vsFloorRows(be)...)
+		rows = append(rows, d.vsBaselineRows(be)...)
 		rows = append(rows, d.floorRows(be)...)
 		for _, img := range sortedKeys(d.downtimes[be]) {
 			ms := d.downtimes[be][img]
