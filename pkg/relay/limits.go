@@ -2,6 +2,7 @@ package relay
 
 import (
 	"fmt"
+	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/net/http2"
@@ -37,6 +38,20 @@ const (
 	// write (sockWriter): past it the readers of the session stop reading
 	// until it drains or its write deadline ends it.
 	maxOverflow = 4 << 20
+
+	// A caller that makes us work for nothing is paced: past paceFree
+	// resets (as rapidResetLimit counts them) or control frames (as
+	// maxControlFrames counts them), its reader pauses pacePause, outside
+	// the session's lock, after every paceEvery more. Its connection still
+	// ends at the limit, at least 9 pauses later; meanwhile it takes at most
+	// the CPU of paceEvery frames per pacePause, and the other callers'
+	// calls keep their latency on a machine the flood would otherwise
+	// saturate (TestRelayAbuse; docs/performance.md). Kubelet and grpc-go
+	// clients stay far below paceFree: every answered call takes a reset
+	// off, every HEADERS or DATA frame we send clears the control count.
+	paceFree  = 100
+	paceEvery = 100
+	pacePause = time.Millisecond
 )
 
 // Abuse kinds, the observer's (and the metric's) label values.
@@ -75,6 +90,9 @@ func (s *session) controlFrame(p *peer, limit string) error {
 	if p.ctrl++; p.ctrl > maxControlFrames {
 		return s.abuse(p, limit)
 	}
+	if p == s.down && p.ctrl > paceFree {
+		s.waste++
+	}
 	if p.w.stalled.Load() && p.w.control.Add(1) > maxQueuedControlFrames {
 		return s.abuse(p, limitControlQueue)
 	}
@@ -87,5 +105,18 @@ func (s *session) countReset() error {
 	if s.resets++; s.resets > rapidResetLimit {
 		return s.abuse(s.down, limitRapidReset)
 	}
+	if s.resets > paceFree {
+		s.waste++
+	}
 	return nil
+}
+
+// paced says whether the caller's reader must now pause pacePause: the
+// caller has wasted paceEvery more frames.
+func (s *session) paced() bool {
+	if s.waste < paceEvery {
+		return false
+	}
+	s.waste -= paceEvery
+	return true
 }

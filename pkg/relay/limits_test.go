@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -382,4 +383,79 @@ func relayTo(t testing.TB, beSock string, opts ...Option) (string, *grpc.ClientC
 	}
 	t.Cleanup(func() { client.Close() })
 	return px, client
+}
+
+// TestAbusePaced: a caller that floods us with resets or PINGs is paced —
+// its reader pauses pacePause after every paceEvery wasted frames past
+// paceFree, 9 times before the limit ends it — and a caller that makes and
+// cancels calls as kubelet does never is.
+func TestAbusePaced(t *testing.T) {
+	routerOnly(t, "the router's own pacing; grpc-go's server has its own limits")
+	var pauses atomic.Int32
+	s := start(t, nil, func(r *Relay) { r.onPause = func() { pauses.Add(1) } })
+	sock := s.client.Target()[len("unix://"):]
+	seeds := fuzzSeeds()
+	want := int32((rapidResetLimit - paceFree) / paceEvery)
+	for _, seed := range []string{"rapid reset", "ping flood"} {
+		pauses.Store(0)
+		t0 := time.Now()
+		if got := exchange(t, sock, seeds[seed]); got == nil || *got != http2.ErrCodeEnhanceYourCalm {
+			t.Errorf("%s: GOAWAY %v, want ENHANCE_YOUR_CALM", seed, got)
+		}
+		if n, d := pauses.Load(), time.Since(t0); n != want || d < time.Duration(want)*pacePause {
+			t.Errorf("%s: %d pauses in %v, want %d, at least %v", seed, n, d, want, time.Duration(want)*pacePause)
+		}
+	}
+	// Rounds of calls, a third of them cancelled before their answer, and
+	// a PING each, as a busy kubelet might: the calls answered earn the
+	// resets back. (A fresh HPACK encoder per round only adds entries to the
+	// relay's table, as the first did.)
+	pauses.Store(0)
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+	// The answers' DATA would use up the connection's window: a large one.
+	hello := newFrames().raw(http2.FrameSettings, 0, 0, nil).raw(http2.FrameWindowUpdate, 0, 0, []byte{0x40, 0, 0, 0})
+	if _, err := c.Write(append([]byte(http2.ClientPreface), hello.Bytes()...)); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(io.Discard, c)
+	v := runtimeapi.RuntimeService_Version_FullMethodName
+	id := uint32(1)
+	const rounds, perRound = rapidResetLimit / 10, 30 // 1000 resets, 2000 answered calls
+	for r := 0; r < rounds; r++ {
+		in := newFrames()
+		for i := 0; i < perRound; i++ {
+			if i%3 == 0 {
+				in.request(id, v, false).raw(http2.FrameRSTStream, 0, id, []byte{0, 0, 0, 8})
+			} else {
+				in.request(id, v, false).message(id, nil, true)
+			}
+			id += 2
+		}
+		in.raw(http2.FramePing, 0, 0, make([]byte, 8))
+		if _, err := c.Write(in.Bytes()); err != nil {
+			t.Fatal(err)
+		}
+		for answered := 0; answered < perRound*2/3; {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				t.Fatalf("round %d: %v", r, err)
+			}
+			switch f := f.(type) {
+			case *http2.HeadersFrame:
+				if f.StreamEnded() {
+					answered++
+				}
+			case *http2.GoAwayFrame:
+				t.Fatalf("round %d: GOAWAY %v", r, f.ErrCode)
+			}
+		}
+	}
+	if n := pauses.Load(); n != 0 {
+		t.Errorf("a caller that cancels a third of its calls: %d pauses, want none", n)
+	}
 }

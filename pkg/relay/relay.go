@@ -54,6 +54,8 @@ type Relay struct {
 	// ioTimeout bounds a write to a peer that does not read, and the
 	// caller's preface (the const ioTimeout; tests shorten it).
 	ioTimeout time.Duration
+	// onPause is told of each pause of a paced caller (pacePause; tests).
+	onPause func()
 
 	drainOnce sync.Once
 	drain     chan struct{} // closed on shutdown: streams end

@@ -361,6 +361,7 @@ type session struct {
 	streams   map[uint32]*stream // by the caller's stream ID
 	lastID    uint32             // the caller's highest stream ID
 	resets    int                // caller resets and refusals of unanswered streams, less answered streams (rapidResetLimit)
+	waste     int                // the caller's resets and control frames past paceFree, not yet paced
 	goingAway bool
 	started   bool // our SETTINGS went out: GOAWAY may follow
 	closed    bool
@@ -448,7 +449,17 @@ func (s *session) read(p *peer) {
 			s.flush()
 			full = s.overflowing(p)
 		}
+		pause := p == s.down && s.paced()
+		if pause {
+			s.flush() // what the wasted frames asked for goes out first
+			if s.r.onPause != nil {
+				s.r.onPause()
+			}
+		}
 		s.mu.Unlock()
+		if pause {
+			time.Sleep(pacePause)
+		}
 		if full != nil {
 			// A peer is not taking what we write: stop reading until it
 			// does (or its write deadline ends it), so that what waits for
