@@ -459,3 +459,60 @@ func TestAbusePaced(t *testing.T) {
 		t.Errorf("a caller that cancels a third of its calls: %d pauses, want none", n)
 	}
 }
+
+// TestStalledStreamDoesNotDelayOthers: a caller that stops reading one
+// stream (it grants that stream no window: the answer's DATA waits) still
+// gets another stream's answer on the same connection at once, in both
+// modes.
+func TestStalledStreamDoesNotDelayOthers(t *testing.T) {
+	s := start(t, nil)
+	events := runtimeapi.RuntimeService_GetContainerEvents_FullMethodName
+	s.backend.mu.Lock()
+	s.backend.streaming, s.backend.streamN = map[string]bool{events: true}, 5000 // ~300 KB: far over a stream's 64 KiB window
+	s.backend.mu.Unlock()
+	sock := s.client.Target()[len("unix://"):]
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	v := runtimeapi.RuntimeService_Version_FullMethodName
+	// The connection's window is large; stream 1's stays at 64 KiB, never
+	// granted again.
+	in := newFrames().raw(http2.FrameSettings, 0, 0, nil).raw(http2.FrameWindowUpdate, 0, 0, []byte{0x40, 0, 0, 0}).
+		request(1, events, false).message(1, nil, true)
+	if _, err := c.Write(append([]byte(http2.ClientPreface), in.Bytes()...)); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(io.Discard, c)
+	got := 0
+	for got < 65535 { // stream 1's window used up: it is stalled
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("reading stream 1's answer: %v", err)
+		}
+		if d, ok := f.(*http2.DataFrame); ok && d.StreamID == 1 {
+			got += len(d.Data())
+		}
+	}
+	t0 := time.Now()
+	if _, err := c.Write(newFrames().request(3, v, false).message(3, nil, true).Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("waiting for stream 3's answer: %v", err)
+		}
+		if f.Header().StreamID == 1 && f.Header().Type == http2.FrameData {
+			t.Fatalf("DATA on stream 1 beyond its window")
+		}
+		if h, ok := f.(*http2.HeadersFrame); ok && h.StreamID == 3 && h.StreamEnded() {
+			break
+		}
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Fatalf("a call beside a stalled stream took %v", d)
+	}
+}
