@@ -55,6 +55,10 @@
 //     a stream whose RST_STREAM came right behind its HEADERS
 //     (session.resetNext). An attacker that reconnects at once is bounded
 //     per connection only: connections cost it a handshake each.
+//   - Before those limits end a connection, its flood is paced: past
+//     paceFree wasted resets or control frames, the caller's reader pauses
+//     pacePause after every paceEvery more, so that a flood cannot take
+//     every CPU from the other callers.
 //   - Make us acknowledge: more than maxControlFrames PING or SETTINGS frames
 //     between two HEADERS or DATA frames we send it end the connection; so
 //     do more than maxQueuedControlFrames acknowledgements waiting for a

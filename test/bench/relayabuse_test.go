@@ -39,8 +39,10 @@ const (
 // attacking connection must end with GOAWAY ENHANCE_YOUR_CALM within the
 // documented bound, the relay's peak RSS stay under 64 MiB, and the second
 // caller's latency within 2× its latency with no attack (measured just
-// before; five tries, as an attack lasts well under a second, a few hundred
-// calls): p50, and p99 with INPLACED_ABUSE_P99=1.
+// before; five tries, as both are tails of a few thousand calls on a shared
+// machine): p50 and p99. The router paces the attacker (pacePause in
+// pkg/relay/limits.go): unpaced, the flood took both CPUs and the second
+// caller's p99 was 4-10× its idle one (docs/performance.md).
 func TestRelayAbuse(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
@@ -103,14 +105,10 @@ func TestRelayAbuse(t *testing.T) {
 				pi, pl := percentile(idle, 99), percentile(loaded, 99)
 				t.Logf("try %d: %s; victim p99 %v idle, %v under attack (%d calls), p50 %v / %v",
 					try, attackerSummary(out), pi, pl, len(loaded), percentile(idle, 50), percentile(loaded, 50))
-				// p50 always; p99 (the goal) when asked: with the attacker
-				// saturating both CPUs of a CI machine, the second caller's
-				// tail is the kernel's scheduling more than the relay's work
-				// (docs/performance.md has the figures).
-				ok = percentile(loaded, 50) <= 2*percentile(idle, 50) && (!abuseStrict() || pl <= 2*pi)
+				ok = percentile(loaded, 50) <= 2*percentile(idle, 50) && pl <= 2*pi
 			}
 			if !ok {
-				t.Errorf("the second caller's latency under attack is above 2x its idle latency in five tries (p50; p99 with %s=1)", abuseStrictEnv)
+				t.Errorf("the second caller's latency under attack (p50 or p99) is above 2x its idle latency in five tries")
 			}
 			_, hwm, err := vmStatus(pid)
 			if err != nil {
@@ -123,10 +121,6 @@ func TestRelayAbuse(t *testing.T) {
 		})
 	}
 }
-
-const abuseStrictEnv = "INPLACED_ABUSE_P99"
-
-func abuseStrict() bool { return os.Getenv(abuseStrictEnv) == "1" }
 
 const (
 	abuseAttackEnv  = "INPLACED_ABUSE_ATTACK"
