@@ -13,7 +13,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/inplaced/inplaced/pkg/version.Version=$(VERSION) -X github.com/inplaced/inplaced/pkg/version.Commit=$(COMMIT)
 E2E_TIMEOUT ?= 60m
 
-.PHONY: all build deps test test-unit test-e2e test-node test-compat conformance bench demo docs docs-check proto proto-check vet clean
+.PHONY: all build deps test test-unit test-e2e test-node test-compat conformance bench soak demo docs docs-check proto proto-check vet clean
 
 all: build
 
@@ -39,7 +39,7 @@ test-unit:
 
 test-e2e: build
 	INPLACED_WITH_KUBELET=1 hack/install-deps.sh --no-apt
-	$(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v ./test/... 2>&1 | tee $(OUT)/e2e.log | grep -E '^(=== RUN|\s*--- (FAIL|SKIP)|--- |PASS|FAIL|ok|panic|\s+\S+\.go:[0-9]+:)' ; rc=$${PIPESTATUS[0]}; [ $$rc = 0 ] || hack/fail-excerpt.sh $(OUT)/e2e.log; exit $$rc
+	env -u SOAK_DURATION $(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v ./test/... 2>&1 | tee $(OUT)/e2e.log | grep -E '^(=== RUN|\s*--- (FAIL|SKIP)|--- |PASS|FAIL|ok|panic|\s+\S+\.go:[0-9]+:)' ; rc=$${PIPESTATUS[0]}; [ $$rc = 0 ] || hack/fail-excerpt.sh $(OUT)/e2e.log; exit $$rc
 
 # The node guest (docs/node.md): Debian 12 under QEMU (TCG) with systemd as
 # PID 1, cgroup v2, containerd with SystemdCgroup = true and kubelet with the
@@ -62,6 +62,16 @@ conformance: deps build
 
 bench: deps build
 	hack/bench.sh
+
+# The soak (test/soak, docs/reliability.md): a registered kubelet with
+# SOAK_PODS pods (110) through inplaced in Kubernetes mode, churn and faults
+# for SOAK_DURATION on each backend of INPLACED_BACKENDS (default: both), the
+# invariants checked all along; a report per backend in _output/soak-<backend>.md.
+SOAK_DURATION ?= 30m
+SOAK_TIMEOUT ?= 6h
+soak: deps build
+	INPLACED_WITH_KUBELET=1 hack/install-deps.sh --no-apt
+	SOAK_DURATION=$(SOAK_DURATION) SOAK_REPORT_DIR=$(OUT) $(GO) test -count=1 -timeout $(SOAK_TIMEOUT) -v -run TestSoak ./test/soak/ 2>&1 | tee $(OUT)/soak.log | grep -E '^(=== RUN|\s*--- (FAIL|SKIP)|--- |PASS|FAIL|ok|panic|\s+\S+\.go:[0-9]+:)' ; rc=$${PIPESTATUS[0]}; [ $$rc = 0 ] || hack/fail-excerpt.sh $(OUT)/soak.log; exit $$rc
 
 demo: deps build
 	@set -o pipefail; $(GO) test -count=1 -v -run TestDemo ./test/demo/ 2>&1 | sed -e 's/^    demo_test.go:[0-9]*: /==> /' -e '/^=== RUN/d'
