@@ -558,3 +558,32 @@ func TestStartRefusesBeforeTouching(t *testing.T) {
 		t.Errorf("refused requests left history: %v", recs)
 	}
 }
+
+// TestSwapHealthGateWaitsForRuntime: a runtime that answers Unavailable
+// during the health gate (containerd restarting; the shim keeps the new
+// container running) is not the new container failing: the gate asks again
+// and the swap commits.
+func TestSwapHealthGateWaitsForRuntime(t *testing.T) {
+	e := newEnv(t)
+	e.create(t, e.containerReq(0), true)
+	const slowImage = "registry.local/app:slow"
+	e.be.SlowStart(slowImage, 300*time.Millisecond)
+
+	sub, err := e.start(&inplacedv1.Change{Image: strp(slowImage)}, &inplacedv1.SwapOptions{MinRuntimeMs: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := &events{t: t, sub: sub}
+	ev.until(StepStartNew, "started")
+	// The next ContainerStatus is the health gate's first look.
+	e.be.Runtime.InjectError("ContainerStatus", status.Error(codes.Unavailable, "connection refused"))
+	rec := ev.end()
+
+	if rec.State != inplacedv1.SwapState_SWAP_STATE_COMMITTED {
+		t.Fatalf("state %s error %q, want COMMITTED", rec.State, rec.Error)
+	}
+	if run := e.running(); len(run) != 1 || run[0].Id != rec.NewContainerId {
+		t.Errorf("running %v, want the new container %s alone", run, rec.NewContainerId)
+	}
+	e.settled(t, rec)
+}

@@ -212,6 +212,14 @@ func (r *run) healthGate(ctx context.Context, id string) error {
 	for {
 		st, err := r.e.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
 		if err != nil {
+			// The runtime restarting says nothing about the container (its
+			// shim keeps it running): ask again once the runtime is back.
+			if runtimeDown(err) && r.e.now().Before(deadline.Add(runtimeDownWait)) {
+				if werr := sleepCtx(ctx, 250*time.Millisecond); werr != nil {
+					return werr
+				}
+				continue
+			}
 			return fmt.Errorf("status of new container: %w", err)
 		}
 		if s := st.GetStatus(); s.GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {

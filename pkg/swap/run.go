@@ -9,6 +9,8 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -20,6 +22,24 @@ import (
 // cleanupTimeout bounds the undo work, which runs on a fresh context so that
 // an aborted swap still cleans up after itself.
 const cleanupTimeout = 2 * time.Minute
+
+// runtimeDownWait bounds how long the health gate waits for a runtime that
+// answers Unavailable (restarting) before it counts as a failure.
+const runtimeDownWait = time.Minute
+
+// runtimeDown reports whether err says the runtime is not serving (being
+// restarted): the container it was asked about is not the cause.
+func runtimeDown(err error) bool { return status.Code(err) == codes.Unavailable }
+
+// sleepCtx waits d, or returns ctx's cause when it ends first.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-time.After(d):
+		return nil
+	}
+}
 
 type run struct {
 	e      *Engine
@@ -298,6 +318,15 @@ func (e *Engine) recreate(ctx context.Context, req *runtimeapi.CreateContainerRe
 	nextAttempt(cfg, after)
 	rb := &runtimeapi.CreateContainerRequest{PodSandboxId: req.PodSandboxId, Config: cfg, SandboxConfig: req.SandboxConfig}
 	resp, err := e.rt.CreateContainer(ctx, rb)
+	// A rollback is what puts the old container back: while the runtime
+	// restarts, wait for it (within ctx, the cleanup bound) rather than
+	// leave the name without a container.
+	for err != nil && runtimeDown(err) {
+		if werr := sleepCtx(ctx, 500*time.Millisecond); werr != nil {
+			break
+		}
+		resp, err = e.rt.CreateContainer(ctx, rb)
+	}
 	if err != nil {
 		return "", fmt.Errorf("recreate old configuration: %w", err)
 	}
@@ -313,10 +342,20 @@ func (e *Engine) recreate(ctx context.Context, req *runtimeapi.CreateContainerRe
 
 func (r *run) removeContainer(ctx context.Context, id string) {
 	r.e.kubelet.EndPresent(id)
-	if _, err := r.e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 2}); err != nil {
+	// Through a runtime restart too: a swapped-in container left running
+	// would be a second one of the name.
+	_, err := r.e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 2})
+	for err != nil && runtimeDown(err) && sleepCtx(ctx, 500*time.Millisecond) == nil {
+		_, err = r.e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 2})
+	}
+	if err != nil {
 		r.log.Warn("stop swapped-in container", zap.String("new_container_id", id), zap.Error(err))
 	}
-	if _, err := r.e.rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+	_, err = r.e.rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id})
+	for err != nil && runtimeDown(err) && sleepCtx(ctx, 500*time.Millisecond) == nil {
+		_, err = r.e.rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id})
+	}
+	if err != nil {
 		r.log.Warn("remove swapped-in container", zap.String("new_container_id", id), zap.Error(err))
 	}
 	_ = r.e.store.DeleteContainer(id)

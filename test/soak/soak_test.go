@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -106,6 +107,7 @@ type podState struct {
 	sidecar   bool
 	allowed   int // restarts of "app" the churn allows
 	cpu       int // millicores of the last kubelet resize
+	resized   bool
 	created   time.Time
 	busyUntil time.Time
 	deletedAt time.Time
@@ -168,6 +170,33 @@ type run struct {
 	swapStates  map[string]int // kind/state → count, from the last listing
 	checksRun   int
 	finalDetail []string
+	resizeEnd   string // what became of kubelet's resizes, at the end
+	pending     sync.WaitGroup
+}
+
+// replace waits until deleted pod p is gone from the API, then creates a
+// new pod.
+func (r *run) replace(p *podState) error {
+	deadline := time.Now().Add(goneAfter)
+	for {
+		c, cancel := bg()
+		_, err := r.cp.Admin.CoreV1().Pods(ns).Get(c, p.name, metav1.GetOptions{})
+		cancel()
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pod %s not gone %s after its deletion (%v); no new pod", p.name, goneAfter, err)
+		}
+		time.Sleep(time.Second)
+	}
+	for {
+		err := r.createPod()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(2 * time.Second) // the API server may be down
+	}
 }
 
 func (r *run) inv(name string) *invariant {
@@ -566,7 +595,7 @@ func (r *run) churnOnce() {
 			`{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"5m","memory":"8Mi"},"limits":{"cpu":"%dm","memory":"64Mi"}}}]}}`, cpu), "resize")
 		if err == nil {
 			r.mu.Lock()
-			p.cpu = cpu
+			p.cpu, p.resized = cpu, true
 			r.mu.Unlock()
 		}
 		r.count(k, err)
@@ -576,6 +605,11 @@ func (r *run) churnOnce() {
 			return
 		}
 		_, err := r.px.Ctl("resize", p.name, "-n", ns, "-c", "app", "--cpu", []string{"250m", "350m"}[n%2])
+		if err == nil {
+			r.mu.Lock()
+			p.resized = false // the runtime now reports inplacectl's limit, not the spec's
+			r.mu.Unlock()
+		}
 		r.count(k, err)
 	case ChurnRecreate:
 		p := r.idlePod(time.Hour, nil)
@@ -583,16 +617,22 @@ func (r *run) churnOnce() {
 			return
 		}
 		grace := int64(2)
-		err := pods.Delete(c, p.name, metav1.DeleteOptions{GracePeriodSeconds: &grace})
-		if err == nil {
-			r.mu.Lock()
-			delete(r.pods, p.name)
-			p.deletedAt = time.Now()
-			r.deleted = append(r.deleted, p)
-			r.mu.Unlock()
-			err = r.createPod()
+		if err := pods.Delete(c, p.name, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
+			r.count(k, err)
+			return
 		}
-		r.count(k, err)
+		r.mu.Lock()
+		delete(r.pods, p.name)
+		p.deletedAt = time.Now()
+		r.deleted = append(r.deleted, p)
+		r.mu.Unlock()
+		// The node runs kubelet's maximum of pods: the new one is admitted
+		// once the old one is gone (else kubelet fails it, OutOfpods).
+		r.pending.Add(1)
+		go func() {
+			defer r.pending.Done()
+			r.count(k, r.replace(p))
+		}()
 	}
 }
 
@@ -774,7 +814,7 @@ func (r *run) upgradeMidSwap(rec *faultRec) (string, error) {
 		return "", fmt.Errorf("after the upgrade inplaced says version %q, want %q", version, upgradeBuild)
 	}
 	return fmt.Sprintf("swap %s of %s in its health gate; SIGTERM, build %q started on the same state; the swap ended %s (inplacectl: %v)",
-		shortID(id), p.name, version, strings.TrimPrefix(final, "SWAP_STATE_"), errText(ctlErr)), nil
+		id, p.name, version, strings.TrimPrefix(final, "SWAP_STATE_"), errText(ctlErr)), nil
 }
 
 func stepStarted(s *inplacedv1.SwapRecord, name string) bool {
@@ -824,12 +864,13 @@ func (r *run) fillState(hold time.Duration) (string, error) {
 		}
 	}
 	f.Close()
+	full := time.Now()
 	time.Sleep(hold / 2)
-	var during string
+	var status string
 	if st := r.status(); st != nil {
-		during = fmt.Sprintf("swaps allowed %v", st.SwapsAllowed)
+		status = fmt.Sprintf("swaps allowed %v", st.SwapsAllowed)
 		if len(st.Problems) > 0 {
-			during += ": " + st.Problems[0].What
+			status += ": " + st.Problems[0].What
 		}
 	}
 	time.Sleep(hold - hold/2)
@@ -837,6 +878,12 @@ func (r *run) fillState(hold time.Duration) (string, error) {
 		return "", err
 	}
 	freed := time.Now()
+	during := map[string]int{}
+	for _, s := range r.swapRecords() {
+		if at := time.Unix(0, s.StartedUnixNano); !at.Before(full) && at.Before(freed) {
+			during[strings.TrimPrefix(s.State.String(), "SWAP_STATE_")]++
+		}
+	}
 	back := "not within 60 s"
 	for time.Since(freed) < time.Minute {
 		if st := r.status(); st != nil && st.SwapsAllowed {
@@ -845,7 +892,8 @@ func (r *run) fillState(hold time.Duration) (string, error) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return fmt.Sprintf("full for %s (status meanwhile: %s); swaps allowed again %s after it was freed", hold, during, back), nil
+	return fmt.Sprintf("full for %s (inplacectl status meanwhile: %s; swaps started meanwhile by their end: %v); swaps allowed again %s after it was freed",
+		hold, status, during, back), nil
 }
 
 func (r *run) status() *inplacedv1.StatusResponse {
@@ -898,12 +946,12 @@ func (r *run) check(final bool) (problems int) {
 			switch {
 			case s.State == inplacedv1.SwapState_SWAP_STATE_RUNNING && (final || now.Sub(started) > stuckAfter):
 				if r.once("stuck " + s.Id) {
-					r.violate(invSwaps, "swap %s (%s of %s/%s) still RUNNING, started %s", shortID(s.Id), s.Kind, s.Pod, s.Container, r.since(started))
+					r.violate(invSwaps, "swap %s (%s of %s/%s) still RUNNING, started %s", s.Id, s.Kind, s.Pod, s.Container, r.since(started))
 					problems++
 				}
 			case s.State == inplacedv1.SwapState_SWAP_STATE_ROLLBACK_FAILED:
 				if r.once("rbf " + s.Id) {
-					r.violate(invSwaps, "swap %s of %s/%s: ROLLBACK_FAILED: %s", shortID(s.Id), s.Pod, s.Container, s.Error)
+					r.violate(invSwaps, "swap %s of %s/%s: ROLLBACK_FAILED: %s", s.Id, s.Pod, s.Container, s.Error)
 					problems++
 				}
 			}
@@ -1153,6 +1201,7 @@ func tierOf(env string) string {
 
 // finish lets everything settle, runs the final checks and writes the report.
 func (r *run) finish() {
+	r.pending.Wait()
 	settleStart := time.Now()
 	var left int
 	for time.Since(settleStart) < 4*time.Minute {
@@ -1170,6 +1219,7 @@ func (r *run) finish() {
 		r.violate(invPods, "at the end, after %s to settle: %s", settled.Round(time.Second), d)
 	}
 	r.checkEnv()
+	r.resizeEnd = r.kubeletResizes()
 
 	// CRI calls through inplaced.
 	r.mu.Lock()
@@ -1206,6 +1256,45 @@ func (r *run) finish() {
 	if n := strings.Count(r.px.LogTail(1<<30), "panic:"); n > 0 {
 		r.t.Errorf("inplaced panicked %d times", n)
 	}
+}
+
+// kubeletResizes says, for the pods a kubelet resize touched, whether the
+// container's status reports the spec's CPU limit (applied) and which carry
+// a PodResizePending or PodResizeInProgress condition.
+func (r *run) kubeletResizes() string {
+	c, cancel := bg()
+	defer cancel()
+	l, err := r.cp.Admin.CoreV1().Pods(ns).List(c, metav1.ListOptions{LabelSelector: "soak=yes"})
+	if err != nil {
+		return "unknown: " + err.Error()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	applied, notApplied := 0, 0
+	conds := map[string]int{}
+	for i := range l.Items {
+		p := &l.Items[i]
+		ps := r.pods[p.Name]
+		if ps == nil || !ps.resized {
+			continue
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.Name != "app" {
+				continue
+			}
+			if cs.Resources != nil && cs.Resources.Limits.Cpu().MilliValue() == int64(ps.cpu) {
+				applied++
+			} else {
+				notApplied++
+			}
+		}
+		for _, cd := range p.Status.Conditions {
+			if cd.Type == corev1.PodResizePending || cd.Type == corev1.PodResizeInProgress {
+				conds[string(cd.Type)+" "+cd.Reason]++
+			}
+		}
+	}
+	return fmt.Sprintf("of the live pods a kubelet resize touched, %d report the spec's CPU limit in their status, %d do not; conditions: %v", applied, notApplied, conds)
 }
 
 // quietProblems clears the busy marks and counts what is still off: pods
@@ -1343,6 +1432,7 @@ func (r *run) report(settled time.Duration, fault []int, allowed []bool) {
 			w("- %s failed at %s\n", k, e)
 		}
 	}
+	w("\nkubelet resizes at the end: %s.\n", r.resizeEnd)
 	w("\nSwap records at the end (inplacectl swaps; FAILED is rolled back, the old config runs again):\n\n| kind | state | count |\n|---|---|---|\n")
 	for _, k := range sortedKeys(r.swapStates) {
 		kind, st, _ := strings.Cut(k, " ")
