@@ -44,7 +44,7 @@
 #   BASELINE=commit    BenchmarkCRI also runs inplaced built from that commit
 #                      (in a temporary git worktree), in the same rounds as
 #                      the build under test: the targets then compare p50 and
-#                      CPU per call with it (at most 1.10×, issue 26)
+#                      CPU per call with it (at most 1.10×)
 #   RELAY_AB=commit    also run BenchmarkRelay (in process, no containerd)
 #                      built with pkg/relay of that commit and of this tree
 #                      (the same benchmark code), alternately RELAY_AB_RUNS

@@ -323,8 +323,8 @@ func conditionsNote(b *strings.Builder) {
 const BaselinePrefix = "baseline: "
 
 // TargetVsBaseline bounds inplaced's p50 and CPU per call against the
-// baseline build's in the same rounds (issue 26: a relay change may not make
-// the pass-through more than 10% worse).
+// baseline build's in the same rounds: a relay change may not make the
+// pass-through more than 10% worse.
 const TargetVsBaseline = 1.10
 
 // vsBaselineRows compare inplaced with the baseline build of backend be,
