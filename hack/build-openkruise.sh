@@ -11,7 +11,7 @@
 #
 # kruise cannot be `go install`ed (its go.mod has replace directives): the
 # module is downloaded, copied into a writable directory and built inside it,
-# with its own go.mod (kruise pins k8s.io/* v0.32). The scheduler is built like
+# with its own go.mod (kruise pins k8s.io/* v0.32; hack/lib/module-src.sh). The scheduler is built like
 # kube-apiserver (hack/lib/k8s-build.sh): with kube-apiserver and kubelet
 # already in the Go build cache it is a short build.
 set -euo pipefail
@@ -26,6 +26,8 @@ SCHEDULER="${TOOLS}/kube-scheduler-${KUBE_SCHEDULER_VERSION}/kube-scheduler"
 log() { printf '[build-openkruise] %s\n' "$*" >&2; }
 # shellcheck source=lib/k8s-build.sh
 source "${HACK}/lib/k8s-build.sh"
+# shellcheck source=lib/module-src.sh
+source "${HACK}/lib/module-src.sh"
 # shellcheck source=lib/timing.sh
 source "${HACK}/lib/timing.sh"
 
@@ -33,14 +35,11 @@ force=0
 [[ "${1:-}" == "--force" ]] && force=1
 
 build_kruise() {
-	local work dir
+	local work
 	work="$(mktemp -d "${TMPDIR:-/tmp}/inplaced-kruise.XXXXXX")"
 	(
 		trap 'chmod -R u+w "${work}"; rm -rf "${work}"' EXIT
-		dir="$(go mod download -json "github.com/openkruise/kruise@${KRUISE_VERSION}" | jq -r .Dir)"
-		[[ -d ${dir} ]] || { log "cannot download github.com/openkruise/kruise@${KRUISE_VERSION}"; exit 1; }
-		cp -r "${dir}/." "${work}/src"
-		chmod -R u+w "${work}/src"
+		module_src github.com/openkruise/kruise "${KRUISE_VERSION}" "${work}/src"
 		cd "${work}/src"
 		export GOFLAGS="${GOFLAGS:-} -mod=mod" CGO_ENABLED=0
 		local out="${KRUISE_DIR}.tmp"
@@ -60,8 +59,7 @@ build_kruise() {
 	mv "${KRUISE_DIR}.tmp" "${KRUISE_DIR}"
 }
 
-if [[ ${force} == 0 && -x "${KRUISE_DIR}/kruise-manager" && -x "${KRUISE_DIR}/kruise-daemon" &&
-	"$(cat "${KRUISE_DIR}/.version" 2>/dev/null)" == "${KRUISE_VERSION}" ]]; then
+if [[ ${force} == 0 ]] && stamped "${KRUISE_DIR}" "${KRUISE_VERSION}" kruise-manager kruise-daemon; then
 	log "kruise ${KRUISE_VERSION} present in ${KRUISE_DIR}"
 else
 	start=$(date +%s)

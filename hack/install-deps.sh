@@ -18,6 +18,9 @@
 #       kube-scheduler-v1.37.2/kube-scheduler
 #                                          (only with INPLACED_WITH_KUBELET=1:
 #                                          hack/build-openkruise.sh)
+#       k3s-<pseudo-version>/{k3s,kubectl,crictl}
+#                                          (only with INPLACED_WITH_KUBELET=1:
+#                                          hack/build-k3s.sh)
 # Each Go tool has a stamp file holding its version; a changed pin reinstalls it.
 # Every fresh build is timed; the last line sums them up ("fresh builds took: ...").
 #
@@ -247,6 +250,7 @@ install_kubernetes() {
 	"${HACK}/build-control-plane.sh"
 	# After kube-apiserver: kube-scheduler's packages are then in the build cache.
 	"${HACK}/build-openkruise.sh"
+	"${HACK}/build-k3s.sh"
 }
 
 main() {
