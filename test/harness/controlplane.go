@@ -271,11 +271,11 @@ func (cp *ControlPlane) StartKubelet(tb testing.TB, o KubeletOptions) *Kubelet {
 }
 
 // controlPlaneEnv is the environment of the daemons: no KUBECONFIG, and no
-// ETCD_* variables (etcd reads them as flags).
+// ETCD_* or K3S_* variables (etcd and k3s read them as flags).
 func controlPlaneEnv() []string {
 	var out []string
 	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "KUBECONFIG=") || strings.HasPrefix(kv, "ETCD_") || strings.HasPrefix(kv, "NOTIFY_SOCKET=") {
+		if strings.HasPrefix(kv, "KUBECONFIG=") || strings.HasPrefix(kv, "ETCD_") || strings.HasPrefix(kv, "K3S_") || strings.HasPrefix(kv, "NOTIFY_SOCKET=") {
 			continue
 		}
 		out = append(out, kv)
@@ -287,13 +287,20 @@ func controlPlaneEnv() []string {
 // appended to logPath, in its own process group, killed when the test
 // binary dies.
 func (cp *ControlPlane) spawn(name, bin, logPath string, args, env []string) (*daemon, error) {
+	return spawnDaemon(name, bin, cp.Dir, logPath, args, env)
+}
+
+// spawnDaemon starts bin in directory dir with args and env added to
+// controlPlaneEnv, output appended to logPath, in its own process group,
+// killed when the test binary dies.
+func spawnDaemon(name, bin, dir, logPath string, args, env []string) (*daemon, error) {
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	defer logf.Close()
 	cmd := exec.Command(bin, args...)
-	cmd.Dir = cp.Dir
+	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(controlPlaneEnv(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -514,11 +521,18 @@ func (cp *ControlPlane) bootstrapObjects() error {
 // WaitNodeReady polls Node name until its Ready condition is True.
 func (cp *ControlPlane) WaitNodeReady(tb testing.TB, name string, timeout time.Duration) *corev1.Node {
 	tb.Helper()
+	return waitNodeReady(tb, cp.Admin, name, timeout)
+}
+
+// waitNodeReady polls Node name through client until its Ready condition is
+// True.
+func waitNodeReady(tb testing.TB, client kubernetes.Interface, name string, timeout time.Duration) *corev1.Node {
+	tb.Helper()
 	deadline := time.Now().Add(timeout)
 	var last error
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		n, err := cp.Admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		cancel()
 		if err != nil {
 			last = err
@@ -545,11 +559,17 @@ func (cp *ControlPlane) WaitNodeReady(tb testing.TB, name string, timeout time.D
 // that a condition can also wait for a pod to be gone (see PodGone).
 func (cp *ControlPlane) WaitPod(tb testing.TB, ns, name string, timeout time.Duration, cond func(*corev1.Pod) error) *corev1.Pod {
 	tb.Helper()
+	return waitPod(tb, cp.Admin, ns, name, timeout, cond)
+}
+
+// waitPod is ControlPlane.WaitPod through client.
+func waitPod(tb testing.TB, client kubernetes.Interface, ns, name string, timeout time.Duration, cond func(*corev1.Pod) error) *corev1.Pod {
+	tb.Helper()
 	deadline := time.Now().Add(timeout)
 	var last error
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		p, err := cp.Admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		p, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		cancel()
 		switch {
 		case apierrors.IsNotFound(err):

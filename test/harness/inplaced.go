@@ -83,13 +83,25 @@ func StartInplaced(tb testing.TB, backendEndpoint string, env ...string) *Inplac
 // BinDir's), e.g. another commit's build to compare with.
 func StartInplacedBinary(tb testing.TB, bin, backendEndpoint string, env ...string) *Inplaced {
 	tb.Helper()
+	return startInplaced(tb, bin, backendEndpoint, nil, env...)
+}
+
+// StartInplacedWith is StartInplaced with extra command-line arguments
+// (ExtraArgs) from the first start on, e.g. the --kubeconfig of a node.
+func StartInplacedWith(tb testing.TB, backendEndpoint string, args []string, env ...string) *Inplaced {
+	tb.Helper()
+	return startInplaced(tb, "", backendEndpoint, args, env...)
+}
+
+func startInplaced(tb testing.TB, bin, backendEndpoint string, args []string, env ...string) *Inplaced {
+	tb.Helper()
 	dir, err := os.MkdirTemp(shortTempDir(), "ipx")
 	if err != nil {
 		tb.Fatal(err)
 	}
 	d := &Inplaced{
 		Dir: dir, Socket: filepath.Join(dir, "i.sock"), ControlSocket: filepath.Join(dir, "ctl.sock"),
-		LogPath: filepath.Join(dir, "inplaced.log"), Backend: backendEndpoint, Bin: bin, tb: tb,
+		LogPath: filepath.Join(dir, "inplaced.log"), Backend: backendEndpoint, Bin: bin, ExtraArgs: args, tb: tb,
 	}
 	d.Endpoint = "unix://" + d.Socket
 	tb.Cleanup(func() {

@@ -168,6 +168,14 @@ func KubeletPrerequisites(tb testing.TB) {
 	RequireRoot(tb)
 	Require(tb, "kubelet "+KubeletVersion, isExecutable(KubeletPath()),
 		KubeletPath()+" not found; run INPLACED_WITH_KUBELET=1 hack/install-deps.sh (or hack/build-kubelet.sh)")
+	requireKubeletMachine(tb)
+}
+
+// requireKubeletMachine skips (or fails under CI=true) unless a test kubelet
+// (standalone, or inside k3s) can run here: cgroup v1, and no kubelet of
+// another process on the device-plugin socket.
+func requireKubeletMachine(tb testing.TB) {
+	tb.Helper()
 	roots := cgroupV1Roots()
 	Require(tb, "cgroup v1 hierarchies", len(roots) > 0, "the kubelet harness runs kubelet with the cgroupfs driver on cgroup v1")
 	if c, err := net.DialTimeout("unix", devicePluginSock, time.Second); err == nil {
@@ -233,22 +241,8 @@ func StartKubelet(tb testing.TB, o KubeletOptions) *Kubelet {
 			tb.Fatalf("kubelet: %v", err)
 		}
 	}
-	machineState.mu.Lock()
-	if machineState.live == 0 {
-		machineState.sysctls = readSysctls()
-		machineState.hadLogSymlink = exists(containerLogsDir)
-		machineState.hadVarLib = exists(varLibKubelet)
-		machineState.hadDevPlugins = exists(devicePluginDir)
-	}
-	machineState.live++
-	machineState.mu.Unlock()
-	// Registered with the containerd instances' cgroup parents too: if a
-	// container still held it when the kubelet closed, the last containerd
-	// to close removes it.
-	cgroupMu.Lock()
-	cgroupParents[k.CgroupRoot] = true
-	cgroupMu.Unlock()
-	if err := k.makeCgroupRoot(); err != nil {
+	machineAcquire()
+	if k.createdCgroups, err = makeCgroupRoot(k.CgroupRoot); err != nil {
 		tb.Fatalf("kubelet: %v", err)
 	}
 	if err := os.WriteFile(k.ConfigPath, []byte(k.config(o)), 0o644); err != nil {
@@ -333,31 +327,38 @@ func cgroupV1Roots() []string {
 	return out
 }
 
-// makeCgroupRoot creates CgroupRoot in every v1 hierarchy: kubelet requires
-// its cgroupRoot to exist. kubelet's cgroup manager also creates the same
-// tree in the cgroup2 "unified" mount next to the v1 controllers; with a
-// fresh random name, whatever is there at Close is kubelet's.
-func (k *Kubelet) makeCgroupRoot() error {
+// makeCgroupRoot creates the cgroup rel (a kubelet's cgroupRoot) in every
+// v1 hierarchy: kubelet requires its cgroupRoot to exist. kubelet's cgroup
+// manager also creates the same tree in the cgroup2 "unified" mount next to
+// the v1 controllers; with a fresh random name, whatever is there at Close
+// is kubelet's. It returns rel in every hierarchy (removeCgroups takes them
+// back). rel is also registered with the containerd instances' cgroup
+// parents: if a container still held it when its kubelet closed, the last
+// containerd to close removes it.
+func makeCgroupRoot(rel string) (created []string, _ error) {
+	cgroupMu.Lock()
+	cgroupParents[rel] = true
+	cgroupMu.Unlock()
 	v1 := map[string]bool{}
 	for _, root := range cgroupV1Roots() {
 		v1[root] = true
 	}
 	for _, root := range cgroupRoots() {
-		d := filepath.Join(root, k.CgroupRoot)
+		d := filepath.Join(root, rel)
 		if !v1[root] {
 			if exists(d) {
-				return fmt.Errorf("cgroup %s exists already: not ours", d)
+				return created, fmt.Errorf("cgroup %s exists already: not ours", d)
 			}
-			k.createdCgroups = append(k.createdCgroups, d)
+			created = append(created, d)
 			continue
 		}
 		if err := os.Mkdir(d, 0o755); err != nil {
 			if errors.Is(err, os.ErrExist) {
-				return fmt.Errorf("cgroup %s exists already: not ours", d)
+				return created, fmt.Errorf("cgroup %s exists already: not ours", d)
 			}
-			return fmt.Errorf("create cgroup %s: %w", d, err)
+			return created, fmt.Errorf("create cgroup %s: %w", d, err)
 		}
-		k.createdCgroups = append(k.createdCgroups, d)
+		created = append(created, d)
 		if filepath.Base(root) == "cpuset" {
 			// A new v1 cpuset cgroup starts with no CPUs and no memory nodes:
 			// inherit the parent's, as kubelet's own cgroups do.
@@ -368,7 +369,7 @@ func (k *Kubelet) makeCgroupRoot() error {
 			}
 		}
 	}
-	return nil
+	return created, nil
 }
 
 func (k *Kubelet) start(verbosity int) error {
@@ -831,28 +832,13 @@ func (k *Kubelet) close() error {
 	if err := unmountUnder(k.Dir); err != nil {
 		errs = append(errs, err)
 	}
-	k.removeLogSymlinks()
-	if err := k.removeCgroups(20 * time.Second); err != nil {
+	removeLogSymlinks(k.PodLogsDir)
+	if err := removeCgroups(k.createdCgroups, 20*time.Second); err != nil {
 		errs = append(errs, err)
 	}
-	machineState.mu.Lock()
-	machineState.live--
-	if machineState.live == 0 {
-		if err := restoreSysctls(machineState.sysctls); err != nil {
-			errs = append(errs, err)
-		}
-		if !machineState.hadLogSymlink {
-			_ = os.Remove(containerLogsDir) // only if empty
-		}
-		_ = os.Remove(devicePluginSock)
-		if !machineState.hadDevPlugins {
-			_ = os.Remove(devicePluginDir) // only if empty
-		}
-		if !machineState.hadVarLib {
-			_ = os.Remove(varLibKubelet) // only if empty
-		}
+	if err := machineRelease(); err != nil {
+		errs = append(errs, err)
 	}
-	machineState.mu.Unlock()
 	if len(mountsUnder(k.Dir)) == 0 {
 		if err := os.RemoveAll(k.Dir); err != nil {
 			errs = append(errs, err)
@@ -940,14 +926,52 @@ func (k *Kubelet) sandboxes(ctx context.Context, cli *CRIClient, uids map[string
 	return ids, nil
 }
 
-// removeLogSymlinks removes the links kubelet made into PodLogsDir.
-func (k *Kubelet) removeLogSymlinks() {
-	for _, l := range k.logSymlinks() {
+// machineAcquire notes what kubelet changes outside its own directories
+// before the first kubelet of the process (standalone or inside k3s) starts.
+func machineAcquire() {
+	machineState.mu.Lock()
+	defer machineState.mu.Unlock()
+	if machineState.live == 0 {
+		machineState.sysctls = readSysctls()
+		machineState.hadLogSymlink = exists(containerLogsDir)
+		machineState.hadVarLib = exists(varLibKubelet)
+		machineState.hadDevPlugins = exists(devicePluginDir)
+	}
+	machineState.live++
+}
+
+// machineRelease puts back what machineAcquire noted once the last kubelet
+// of the process has stopped.
+func machineRelease() error {
+	machineState.mu.Lock()
+	defer machineState.mu.Unlock()
+	machineState.live--
+	if machineState.live > 0 {
+		return nil
+	}
+	err := restoreSysctls(machineState.sysctls)
+	if !machineState.hadLogSymlink {
+		_ = os.Remove(containerLogsDir) // only if empty
+	}
+	_ = os.Remove(devicePluginSock)
+	if !machineState.hadDevPlugins {
+		_ = os.Remove(devicePluginDir) // only if empty
+	}
+	if !machineState.hadVarLib {
+		_ = os.Remove(varLibKubelet) // only if empty
+	}
+	return err
+}
+
+// removeLogSymlinks removes the links a kubelet made into podLogsDir.
+func removeLogSymlinks(podLogsDir string) {
+	for _, l := range logSymlinks(podLogsDir) {
 		_ = os.Remove(l)
 	}
 }
 
-func (k *Kubelet) logSymlinks() []string {
+// logSymlinks are the links in /var/log/containers into podLogsDir.
+func logSymlinks(podLogsDir string) []string {
 	ents, err := os.ReadDir(containerLogsDir)
 	if err != nil {
 		return nil
@@ -955,20 +979,20 @@ func (k *Kubelet) logSymlinks() []string {
 	var out []string
 	for _, e := range ents {
 		p := filepath.Join(containerLogsDir, e.Name())
-		if t, err := os.Readlink(p); err == nil && under(t, k.PodLogsDir) {
+		if t, err := os.Readlink(p); err == nil && under(t, podLogsDir) {
 			out = append(out, p)
 		}
 	}
 	return out
 }
 
-// removeCgroups removes the CgroupRoot tree in every hierarchy where it was
-// not before the kubelet started, retrying while the last container processes exit.
-func (k *Kubelet) removeCgroups(timeout time.Duration) error {
+// removeCgroups removes the cgroup trees made by makeCgroupRoot, retrying
+// while the last container processes exit.
+func removeCgroups(created []string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		var errs []error
-		for _, d := range k.createdCgroups {
+		for _, d := range created {
 			if err := rmdirTree(d); err != nil {
 				errs = append(errs, err)
 			}
@@ -1001,9 +1025,14 @@ func rmdirTree(top string) error {
 	return errors.Join(errs...)
 }
 
-func readSysctls() map[string]string {
+func readSysctls() map[string]string { return readTunables(kernelTunables) }
+
+func restoreSysctls(before map[string]string) error { return writeTunables(before) }
+
+// readTunables reads the sysctls (paths below /proc/sys) that exist.
+func readTunables(names []string) map[string]string {
 	out := map[string]string{}
-	for _, s := range kernelTunables {
+	for _, s := range names {
 		if b, err := os.ReadFile(filepath.Join("/proc/sys", s)); err == nil {
 			out[s] = strings.TrimSpace(string(b))
 		}
@@ -1011,9 +1040,14 @@ func readSysctls() map[string]string {
 	return out
 }
 
-func restoreSysctls(before map[string]string) error {
+// writeTunables sets the sysctls of before that have another value now.
+func writeTunables(before map[string]string) error {
 	var errs []error
-	now := readSysctls()
+	names := make([]string, 0, len(before))
+	for s := range before {
+		names = append(names, s)
+	}
+	now := readTunables(names)
 	for s, v := range before {
 		if now[s] == v {
 			continue
@@ -1042,12 +1076,20 @@ func (k *Kubelet) Leftovers() []string {
 			out = append(out, "cgroup "+d)
 		}
 	}
-	for _, l := range k.logSymlinks() {
+	for _, l := range logSymlinks(k.PodLogsDir) {
 		out = append(out, "symlink "+l)
 	}
 	if exists(k.Dir) {
 		out = append(out, "dir "+k.Dir)
 	}
+	return append(out, machineLeftovers()...)
+}
+
+// machineLeftovers describes, while no kubelet of the process runs, changed
+// kernel tunables, a /var/log/containers or /var/lib/kubelet created, and
+// the device-plugin socket.
+func machineLeftovers() []string {
+	var out []string
 	machineState.mu.Lock()
 	defer machineState.mu.Unlock()
 	if machineState.live == 0 {
