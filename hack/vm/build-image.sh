@@ -24,7 +24,7 @@ CONTAINERD2="${TOOLS}/containerd-${CONTAINERD_VERSION:-v2.4.2}/bin"
 KUBELET="${TOOLS}/kubelet-${KUBELET_VERSION:-v1.37.2}/kubelet"
 CRICTL="${TOOLS}/bin/crictl"
 PACKAGES=(systemd-sysv udev dbus linux-image-amd64 kmod iproute2 iptables procps
-	runc containerd containernetworking-plugins busybox-static)
+	runc containerd containernetworking-plugins busybox-static nftables)
 HOST_PACKAGES=(qemu-system-x86 qemu-utils mmdebstrap e2fsprogs)
 
 log() { printf '[vm-image] %s\n' "$*" >&2; }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path"
 	"strconv"
 	"strings"
@@ -29,6 +30,7 @@ func TestSwap(t *testing.T) {
 	// A device dialling the pod IP every 5 ms through the swap: with the
 	// connection hold (this kernel has the native nft queue expression) no
 	// connection is refused.
+	checkNoHoldTable(t, old.pid, "before the swap")
 	dialer := harness.StartDialer(before.Status.PodIP + ":8080")
 
 	out, err := inplacectl("swap", podName("sw"), "-n", "default", "-c", container, "--image", imgApp2, "--env", "X=Y", "--min-runtime", "2s", "-o", "json")
@@ -43,10 +45,12 @@ func TestSwap(t *testing.T) {
 		RunningContainerID string `json:"running_container_id"`
 		DowntimeNs         string `json:"downtime_ns"`
 		Hold               struct {
-			Mode   string `json:"mode"`
-			Why    string `json:"why"`
-			Reason string `json:"reason"`
-			Parked string `json:"parked"` // uint64: a string in protobuf JSON
+			Mode       string `json:"mode"`
+			Why        string `json:"why"`
+			Reason     string `json:"reason"`
+			Parked     string `json:"parked"` // uint64: a string in protobuf JSON
+			Started    string `json:"started_unix_nano"`
+			DurationNs string `json:"duration_ns"`
 		} `json:"hold"`
 	}
 	if i := strings.LastIndex(out, "\n{"); i >= 0 {
@@ -68,6 +72,14 @@ func TestSwap(t *testing.T) {
 	if tally.Failed() != 0 || tally.ByVersion["v2"] == 0 {
 		t.Errorf("connections during the swap: %+v, want none failed and v2 answering", tally)
 	}
+	// The hold lets go when v2 listens (a 1 ms poll, then the verdicts). On
+	// real hardware no handshake waits more than 50 ms past that (asserted
+	// on the host, test/e2e); this guest is emulated (QEMU TCG), where the
+	// kernel needs hundreds of ms to answer the thousands of SYNs released
+	// at once, so the excess is reported, not judged.
+	started, _ := strconv.ParseInt(rec.Hold.Started, 10, 64)
+	held, _ := strconv.ParseInt(rec.Hold.DurationNs, 10, 64)
+	logWaitsPastRelease(t, dials, time.Unix(0, started+held))
 
 	p := waitPod(t, "sw", 2*time.Minute, func(p *harness.KubePod) error {
 		c := p.Container(container)
@@ -83,6 +95,7 @@ func TestSwap(t *testing.T) {
 	}
 
 	nu := inspect(t, proxy, rec.RunningContainerID)
+	checkNoHoldTable(t, nu.pid, "after the swap")
 	if nu.sandboxID != old.sandboxID {
 		t.Errorf("new container in sandbox %s, old in %s", nu.sandboxID, old.sandboxID)
 	}
@@ -109,4 +122,41 @@ func TestSwap(t *testing.T) {
 			t.Errorf("new container's environment lacks %s: %v", kv, vars)
 		}
 	}
+}
+
+// checkNoHoldTable fails t when the network namespace of pid (the pod's)
+// holds a table of inplaced's, listed with nft as an operator would.
+func checkNoHoldTable(t *testing.T, pid int, when string) {
+	t.Helper()
+	out, err := exec.Command("nsenter", "-t", strconv.Itoa(pid), "-n", "nft", "list", "tables").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list tables in the pod netns %s: %v\n%s", when, err, out)
+	}
+	if strings.Contains(string(out), "inplaced") {
+		t.Errorf("pod netns %s: %s", when, out)
+	}
+	t.Logf("pod netns %s: %d nft tables, none of inplaced's", when, strings.Count(string(out), "table "))
+}
+
+// logWaitsPastRelease reports how long past the hold's release the
+// slowest handshakes completed, and how many completed more than 50 ms
+// after it.
+func logWaitsPastRelease(t *testing.T, ds []harness.Dial, released time.Time) {
+	var worst time.Duration
+	over := 0
+	for _, d := range ds {
+		if d.Err != nil {
+			continue
+		}
+		from := released // the later of the release and the dial
+		if d.At.After(released) {
+			from = d.At
+		}
+		past := d.At.Add(d.Connect).Sub(from)
+		worst = max(worst, past)
+		if past > 50*time.Millisecond {
+			over++
+		}
+	}
+	t.Logf("handshakes past the release: slowest %s after it, %d of %d more than 50 ms (emulated guest)", worst.Round(time.Millisecond), over, len(ds))
 }
