@@ -31,9 +31,11 @@ vet:
 
 # make test: unit tests, the generated-code drift check, then e2e against a
 # private containerd 2.4 and containerd 1.6 (both), loopback registry and CNI,
-# and a real kubelet for the coherence tests, a 5-minute soak (test/soak) on
-# containerd 2.4, then the node guest.
-test: deps build proto-check vet test-unit test-e2e test-soak-short test-node
+# and a real kubelet for the coherence tests, then the node guest. The
+# 5-minute soak (test-soak-short, ~7 min) is not in it for now: with it a
+# fresh machine's make test comes to about 82 of CI's 90 minutes
+# (docs/performance.md).
+test: deps build proto-check vet test-unit test-e2e test-node
 # Inside CI's 90 minutes on a fresh machine, make test boots the guest once,
 # on Debian's own containerd 1.6 (the node a distribution gives); make
 # test-node alone boots it on both.
