@@ -477,20 +477,7 @@ func (n *K3sNode) Leftovers() []string {
 			}
 		}
 	}
-	for _, m := range mountsUnder(n.Dir) {
-		out = append(out, "mount "+m)
-	}
-	for _, root := range cgroupRoots() {
-		if d := filepath.Join(root, n.CgroupRoot); exists(d) {
-			out = append(out, "cgroup "+d)
-		}
-	}
-	for _, l := range logSymlinks(n.PodLogsDir) {
-		out = append(out, "symlink "+l)
-	}
-	if exists(n.Dir) {
-		out = append(out, "dir "+n.Dir)
-	}
+	out = append(out, nodeLeftovers(n.Dir, n.CgroupRoot, n.PodLogsDir)...)
 	out = append(out, machineLeftovers()...)
 	return append(out, k3sMachineLeftovers()...)
 }

@@ -1059,6 +1059,28 @@ func writeTunables(before map[string]string) error {
 	return errors.Join(errs...)
 }
 
+// nodeLeftovers is what a node's kubelet (the harness's or k3s's) can
+// leave of its own: mounts below dir, its cgroup root, its
+// /var/log/containers links and dir itself.
+func nodeLeftovers(dir, cgroupRoot, podLogsDir string) []string {
+	var out []string
+	for _, m := range mountsUnder(dir) {
+		out = append(out, "mount "+m)
+	}
+	for _, root := range cgroupRoots() {
+		if d := filepath.Join(root, cgroupRoot); exists(d) {
+			out = append(out, "cgroup "+d)
+		}
+	}
+	for _, l := range logSymlinks(podLogsDir) {
+		out = append(out, "symlink "+l)
+	}
+	if exists(dir) {
+		out = append(out, "dir "+dir)
+	}
+	return out
+}
+
 // Leftovers describes what of this kubelet is still on the machine: its
 // processes, mounts below Dir, its cgroups, its /var/log/containers links,
 // Dir itself, and (while no other kubelet of the process runs) changed
@@ -1068,20 +1090,7 @@ func (k *Kubelet) Leftovers() []string {
 	for _, p := range procsOf(k.Dir) {
 		out = append(out, fmt.Sprintf("process %d: %s", p.pid, p.cmdline))
 	}
-	for _, m := range mountsUnder(k.Dir) {
-		out = append(out, "mount "+m)
-	}
-	for _, root := range cgroupRoots() {
-		if d := filepath.Join(root, k.CgroupRoot); exists(d) {
-			out = append(out, "cgroup "+d)
-		}
-	}
-	for _, l := range logSymlinks(k.PodLogsDir) {
-		out = append(out, "symlink "+l)
-	}
-	if exists(k.Dir) {
-		out = append(out, "dir "+k.Dir)
-	}
+	out = append(out, nodeLeftovers(k.Dir, k.CgroupRoot, k.PodLogsDir)...)
 	return append(out, machineLeftovers()...)
 }
 
