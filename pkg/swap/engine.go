@@ -34,11 +34,18 @@ type Caller struct {
 	Description string
 }
 
+// journal is where a swap writes each step before it takes it.
+type journal interface {
+	PutJournal(e *store.JournalEntry) error
+	DeleteJournal(id string) error
+}
+
 // Engine runs swaps.
 type Engine struct {
 	rt         runtimeapi.RuntimeServiceClient
 	img        runtimeapi.ImageServiceClient
 	store      *store.Store
+	journal    journal // the store's journal; a seam for tests of a failing write
 	fences     *fence.Registry
 	kubelet    *kubeletview.View
 	log        *zap.Logger
@@ -124,7 +131,7 @@ func New(o Options) (*Engine, error) {
 		return nil, fmt.Errorf("swap.New: hold max %s: give a duration above 0 and up to %s", holdMax, maxHoldMax)
 	}
 	return &Engine{
-		rt: o.Runtime, img: o.Images, store: o.Store, fences: o.Fences, kubelet: o.Kubelet, log: log,
+		rt: o.Runtime, img: o.Images, store: o.Store, journal: o.Store, fences: o.Fences, kubelet: o.Kubelet, log: log,
 		minRuntime: o.HealthMinRuntime, crashAfter: os.Getenv(CrashAfterEnv),
 		now: time.Now, runs: map[string]*run{}, obs: obs, puller: o.Puller,
 		holder: o.Holder, holdMode: mode, holdMax: holdMax,
@@ -173,6 +180,10 @@ func (e *Engine) admission(ctx context.Context, t *target) (string, error) {
 // StepAdmission names the record entry of a warning from the admission
 // check (the swap went on).
 const StepAdmission = "affinity-check"
+
+// StepJournal names the record entry of a journal write that failed after
+// the old container was stopped (run.journal): the swap went on without it.
+const StepJournal = "journal"
 
 // Running returns a copy of the records of the swaps under way, the step
 // running last (DurationNs 0) included.

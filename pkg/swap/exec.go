@@ -32,12 +32,16 @@ func (r *run) execute(ctx context.Context) {
 			r.undo(reached, errors.New(s.aborted))
 			return
 		}
+		before := reached
 		if s.undo != undoNothing {
 			reached = s.undo
 		}
 		err := r.run(s)
 		if err == nil || s.optional {
 			continue
+		}
+		if jf := (*journalFailed)(nil); errors.As(err, &jf) {
+			reached = before // the step was not taken: undo what came before it
 		}
 		var end *ended
 		if errors.As(err, &end) {
@@ -216,6 +220,7 @@ func (r *run) doCreateNew() error {
 // returns: the stop itself (the app's own graceful shutdown) is in the
 // stop-old step's timing.
 func (r *run) stopOld(timeout int64) error {
+	r.pastStop = true
 	r.fence.Mask(r.e.fences, r.t.status, r.t.container)
 	_, err := runToEnd(r.ctx, func(ctx context.Context) (*runtimeapi.StopContainerResponse, error) {
 		return r.e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: r.t.container.Id, Timeout: timeout})

@@ -72,8 +72,13 @@ type run struct {
 	imageRef, userImage string
 	newID, rollbackID   string
 	stopped             bool // the old container was stopped
-	preStopStart        time.Time
-	downStart           time.Time
+	// pastStop: the stop of the old container was asked for; from here the
+	// swap goes on to a running container (forward or back) even when the
+	// journal cannot be written.
+	pastStop     bool
+	journalError error // the first journal write that failed past the stop
+	preStopStart time.Time
+	downStart    time.Time
 
 	// shown is a copy of rec for listings while the swap runs (rec itself
 	// belongs to the run's goroutine); running is the step under way.
@@ -137,14 +142,39 @@ func (r *run) emit(step, msg string) {
 	r.bc.publish(&inplacedv1.SwapEvent{SwapId: r.rec.Id, Step: step, Message: msg, TimeUnixNano: r.e.now().UnixNano()})
 }
 
+// journal writes the step about to be taken. Before the old container is
+// stopped a failed write ends the swap (journalFailed): its undo leaves the
+// old container running, and nothing is lost but the swap. Once the stop
+// was asked for, the pod's container depends on the swap reaching its end,
+// forward or rolled back, whatever the state store says (a full or failing
+// disk): the failure is recorded and the swap goes on without the entry. A
+// crash before the next write is recovered from the last step written,
+// which recovery settles from what the runtime shows.
 func (r *run) journal(step store.JournalStep) error {
 	r.j.Step = step
 	r.j.Record, _ = proto.Marshal(r.rec)
-	if err := r.e.store.PutJournal(r.j); err != nil {
-		return fmt.Errorf("write swap journal: %w", err)
+	err := r.e.journal.PutJournal(r.j)
+	if err == nil {
+		return nil
 	}
+	if !r.pastStop {
+		return &journalFailed{err: err}
+	}
+	if r.journalError == nil {
+		r.journalError = err
+		r.rec.Steps = append(r.rec.Steps, &inplacedv1.Step{Name: StepJournal, StartedUnixNano: r.e.now().UnixNano(),
+			Error: fmt.Sprintf("journal not written before %s (%v): the old container was already stopped, so the swap went on without it", step, err)})
+	}
+	r.log.Error("swap journal not written: going on, the old container is stopped", zap.String("journal_step", string(step)), zap.Error(err))
 	return nil
 }
+
+// journalFailed is a journal write that failed before its step: the step
+// was not taken.
+type journalFailed struct{ err error }
+
+func (j *journalFailed) Error() string { return "write swap journal: " + j.err.Error() }
+func (j *journalFailed) Unwrap() error { return j.err }
 
 // step journals js (when set) before running fn, times it and reports it.
 func (r *run) step(name string, js store.JournalStep, fn func() error) error {
@@ -384,7 +414,7 @@ func (r *run) finish(out fence.Outcome, state inplacedv1.SwapState, err error) {
 	if perr := r.e.store.PutSwap(r.rec); perr != nil {
 		r.log.Error("record swap", zap.Error(perr))
 	}
-	if derr := r.e.store.DeleteJournal(r.rec.Id); derr != nil {
+	if derr := r.e.journal.DeleteJournal(r.rec.Id); derr != nil {
 		r.log.Error("clear swap journal", zap.Error(derr))
 	}
 	fields := []zap.Field{zap.String("state", state.String()), zap.Duration("downtime", time.Duration(r.rec.DowntimeNs)),
