@@ -193,15 +193,35 @@ type Window struct {
 
 // CallFailure is a CRI call through inplaced that failed.
 type CallFailure struct {
-	At     time.Time
-	Method string
-	Code   string
+	At      time.Time
+	Method  string
+	Code    string
+	Message string
 }
+
+// BackendStarting is containerd's own answer to CRI calls between its
+// socket coming up and its CRI service being initialised (its instrumented
+// service's checkInitialized): a plain error, so gRPC's Unknown. inplaced
+// passes the backend's answers through unchanged, as kubelet would get them
+// without it; the soak counts this one as the backend being down.
+const BackendStarting = "server is not initialized yet"
+
+// Label is how the report names the failure's kind: the code, and for the
+// backend's start-up answer its message.
+func (f CallFailure) Label() string {
+	if f.starting() {
+		return f.Code + " (" + BackendStarting + ")"
+	}
+	return f.Code
+}
+
+func (f CallFailure) starting() bool { return f.Code == "Unknown" && f.Message == BackendStarting }
 
 // Attribute gives each failure the fault window it fell into (−1: none) and
 // whether it is allowed: only in a window with the backend down, and only
-// with Unavailable. grace extends each window past its end (the client's
-// reconnect).
+// with Unavailable or the backend's own start-up answer (BackendStarting).
+// grace extends each window past its end (the client's reconnect, the
+// backend's initialisation).
 func Attribute(fails []CallFailure, ws []Window, grace time.Duration) (fault []int, allowed []bool) {
 	fault, allowed = make([]int, len(fails)), make([]bool, len(fails))
 	for i, f := range fails {
@@ -209,7 +229,7 @@ func Attribute(fails []CallFailure, ws []Window, grace time.Duration) (fault []i
 		for _, w := range ws {
 			if !f.At.Before(w.Start) && !f.At.After(w.End.Add(grace)) {
 				fault[i] = w.Fault
-				allowed[i] = w.BackendDown && f.Code == "Unavailable"
+				allowed[i] = w.BackendDown && (f.Code == "Unavailable" || f.starting())
 				break
 			}
 		}

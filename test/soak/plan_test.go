@@ -77,16 +77,19 @@ func TestAttribute(t *testing.T) {
 		{Fault: 1, Start: t0.Add(time.Minute), End: t0.Add(2 * time.Minute)}, // API server down
 	}
 	fails := []CallFailure{
-		{At: t0.Add(time.Second), Code: "Unavailable"},       // allowed
-		{At: t0.Add(6 * time.Second), Code: "Unavailable"},   // in the grace: allowed
-		{At: t0.Add(2 * time.Second), Code: "Unknown"},       // wrong code
-		{At: t0.Add(90 * time.Second), Code: "Unavailable"},  // backend was up
-		{At: t0.Add(10 * time.Minute), Code: "Unavailable"},  // no fault
-		{At: t0.Add(-time.Millisecond), Code: "Unavailable"}, // before the fault
+		{At: t0.Add(time.Second), Code: "Unavailable"},                                       // allowed
+		{At: t0.Add(6 * time.Second), Code: "Unavailable"},                                   // in the grace: allowed
+		{At: t0.Add(2 * time.Second), Code: "Unknown"},                                       // wrong code
+		{At: t0.Add(90 * time.Second), Code: "Unavailable"},                                  // backend was up
+		{At: t0.Add(10 * time.Minute), Code: "Unavailable"},                                  // no fault
+		{At: t0.Add(-time.Millisecond), Code: "Unavailable"},                                 // before the fault
+		{At: t0.Add(3 * time.Second), Code: "Unknown", Message: BackendStarting},             // containerd initialising: allowed
+		{At: t0.Add(90 * time.Second), Code: "Unknown", Message: BackendStarting},            // but not with the backend up
+		{At: t0.Add(3 * time.Second), Code: "Unknown", Message: "server is not initialized"}, // another message
 	}
 	fault, allowed := Attribute(fails, ws, 2*time.Second)
-	wantFault := []int{0, 0, 0, 1, -1, -1}
-	wantAllowed := []bool{true, true, false, false, false, false}
+	wantFault := []int{0, 0, 0, 1, -1, -1, 0, 1, 0}
+	wantAllowed := []bool{true, true, false, false, false, false, true, false, false}
 	for i := range fails {
 		if fault[i] != wantFault[i] || allowed[i] != wantAllowed[i] {
 			t.Errorf("failure %d: fault %d allowed %v, want %d %v", i, fault[i], allowed[i], wantFault[i], wantAllowed[i])

@@ -669,7 +669,7 @@ func (r *run) probe(conn *grpc.ClientConn) {
 		r.mu.Lock()
 		r.probeCalls++
 		if err != nil {
-			r.probeFails = append(r.probeFails, CallFailure{At: time.Now(), Method: m, Code: status.Code(err).String()})
+			r.probeFails = append(r.probeFails, CallFailure{At: time.Now(), Method: m, Code: status.Code(err).String(), Message: status.Convert(err).Message()})
 		}
 		r.mu.Unlock()
 	}
@@ -1260,7 +1260,7 @@ func (r *run) finish() {
 				where = "during " + string(r.faults[fault[i]].Kind)
 			}
 			if r.once(fmt.Sprintf("cri %d", i)) {
-				r.violate(invCRI, "%s %s at %s (%s)", f.Method, f.Code, r.since(f.At), where)
+				r.violate(invCRI, "%s %s %q at %s (%s)", f.Method, f.Code, f.Message, r.since(f.At), where)
 			}
 		}
 	}
@@ -1469,7 +1469,7 @@ func (r *run) report(settled time.Duration, fault []int, allowed []bool) {
 		n := 0
 		for j, ff := range r.probeFails {
 			if fault[j] == i {
-				codes[ff.Code]++
+				codes[ff.Label()]++
 				n++
 			}
 		}
