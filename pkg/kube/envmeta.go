@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/errkind"
@@ -122,10 +123,23 @@ func envMetaCaller(pod *corev1.Pod) (string, bool) {
 // envSwap is one env-from-metadata swap of a container, for the stops of
 // that container that arrive while it runs or after it is done.
 type envSwap struct {
-	at   time.Time
-	done chan struct{} // closed when the swap ended; committed is set then
+	key    containerKey
+	podKey string // namespace/name, the pod watch's key
+	digest string // envDigest of the values it sets
+	at     time.Time
+	done   chan struct{} // closed when the swap ended; committed is set then
 	// committed: the container was replaced with the new env.
 	committed bool
+}
+
+// ended reports whether the swap is over (committed is then valid).
+func (s *envSwap) ended() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // envSwapKeep bounds how long a finished env swap answers later stops of
@@ -133,56 +147,124 @@ type envSwap struct {
 // come after the swap).
 const envSwapKeep = 10 * time.Minute
 
+// Back-off of env-from-metadata swaps that did not commit (rolled back,
+// aborted, refused), as kubelet's crash back-off: the same values are tried
+// again after envRetryInitial, then twice as long each time, at most every
+// envRetryMax, so that a value that makes the app crash is not swapped in
+// a tight loop. Other values are tried at once. A commit, or the container
+// found running with the env, ends the back-off; so does the pod's removal.
+const (
+	envRetryInitial = 10 * time.Second
+	envRetryMax     = 5 * time.Minute
+)
+
+// envRetryDelay is the back-off after n swaps in a row of the same values
+// that did not commit (n ≥ 1).
+func envRetryDelay(n int) time.Duration {
+	d := envRetryInitial
+	for i := 1; i < n && d < envRetryMax; i++ {
+		d *= 2
+	}
+	return min(d, envRetryMax)
+}
+
+// envBackoff is what is remembered of one pod container's env-from-metadata
+// swaps that did not commit.
+type envBackoff struct {
+	digest   string    // envDigest of the values they set
+	failures int       // swaps of those values in a row that did not commit
+	until    time.Time // no new swap of those values before
+}
+
+// envAction is what a sync does about a container's env from metadata.
+type envAction int
+
+const (
+	// envInPlace: the container runs with the env; no back-off is kept.
+	envInPlace envAction = iota
+	// envBackingOff: these values did not commit lately; the pod is synced
+	// again when the back-off ends.
+	envBackingOff
+	// envSwapNow: swap the container with set.
+	envSwapNow
+)
+
+// decideEnv is what to do about a container whose env from metadata is
+// want and whose recorded env is have, given the back-off of its swaps
+// that did not commit (nil: none): set holds the values that differ, and
+// digest names them for the back-off.
+func decideEnv(want, have map[string]string, b *envBackoff, now time.Time) (act envAction, set map[string]string, digest string) {
+	for k, v := range want {
+		if have[k] != v {
+			if set == nil {
+				set = map[string]string{}
+			}
+			set[k] = v
+		}
+	}
+	if len(set) == 0 {
+		return envInPlace, nil, ""
+	}
+	digest = envDigest(set)
+	if b != nil && b.digest == digest && now.Before(b.until) {
+		return envBackingOff, set, digest
+	}
+	return envSwapNow, set, digest
+}
+
 // startEnvSwap starts the swap of container id to the env pod's metadata
-// gives sc, unless that env already runs or was tried; it returns the swap
-// of that container (just started or already running), or nil.
+// gives sc, unless that env already runs, a swap of the pod's container
+// runs, or these values are backing off; it returns the swap of that
+// container (just started, running, or done), or nil.
 func (c *Controller) startEnvSwap(pod *corev1.Pod, sc *corev1.Container, id, caller string) *envSwap {
 	c.mu.Lock()
-	s := c.envSwaps[id]
+	prev := c.envSwaps[id]
 	c.mu.Unlock()
-	if s != nil {
-		return s
+	if prev != nil && (!prev.ended() || prev.committed) {
+		return prev // running, or it already replaced this container
 	}
 	want := metadataEnv(pod, sc)
 	if len(want) == 0 {
-		return nil
+		return prev
 	}
 	req, err := c.store.Container(id)
 	if err != nil || req.GetConfig() == nil {
-		return nil // not created through inplaced: its env is unknown here
+		return prev // not created through inplaced: its env is unknown here
 	}
 	have := map[string]string{}
 	for _, kv := range req.Config.Envs {
 		have[kv.Key] = string(kv.Value)
 	}
-	set := map[string]string{}
-	for k, v := range want {
-		if have[k] != v {
-			set[k] = v
-		}
-	}
-	if len(set) == 0 {
-		return nil
-	}
-	key := fmt.Sprintf("%s/%s/%s", pod.UID, sc.Name, envDigest(set))
-	s = &envSwap{at: c.now(), done: make(chan struct{})}
+	key := containerKey{uid: pod.UID, name: sc.Name}
+	now := c.now()
 	c.mu.Lock()
-	if running := c.envSwaps[id]; running != nil || c.envSeen[key] {
+	if cur := c.envSwaps[id]; cur != prev {
 		c.mu.Unlock()
-		return running // nil: tried these values on this container already
+		return cur // a concurrent sync or stop got there first
 	}
-	if c.envSeen == nil {
-		c.envSeen = map[string]bool{}
+	if c.envRunning(key) {
+		// On an earlier container of the name (overtaken by kubelet's
+		// restart or an image swap): its end syncs the pod again.
+		c.mu.Unlock()
+		return prev
 	}
+	act, set, digest := decideEnv(want, have, c.envRetry[key], now)
+	if act != envSwapNow {
+		if act == envInPlace {
+			delete(c.envRetry, key)
+		}
+		c.mu.Unlock()
+		return prev
+	}
+	s := &envSwap{key: key, podKey: pod.Namespace + "/" + pod.Name, digest: digest, at: now, done: make(chan struct{})}
 	if c.envSwaps == nil {
 		c.envSwaps = map[string]*envSwap{}
 	}
 	for k, old := range c.envSwaps {
-		if c.now().Sub(old.at) > envSwapKeep {
+		if now.Sub(old.at) > envSwapKeep && old.ended() {
 			delete(c.envSwaps, k)
 		}
 	}
-	c.envSeen[key] = true
 	c.envSwaps[id] = s
 	c.mu.Unlock()
 
@@ -192,14 +274,10 @@ func (c *Controller) startEnvSwap(pod *corev1.Pod, sc *corev1.Container, id, cal
 		Change: &inplacedv1.Change{SetEnv: set},
 	}, swap.Caller{Description: caller}, swap.Hooks{})
 	if err != nil {
-		c.mu.Lock()
-		delete(c.envSeen, key) // the next sync tries again (a swap may have held the container)
-		delete(c.envSwaps, id)
-		c.mu.Unlock()
-		close(s.done)
-		log.Warn("env from metadata: swap not started", zap.Error(err))
-		c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "env from metadata for container %s not applied: %v", sc.Name, err)
-		return nil
+		delay := c.envSwapEnded(s, false) // a swap may hold the container: tried again after the back-off
+		log.Warn("env from metadata: swap not started", zap.Duration("retry_in", delay), zap.Error(err))
+		c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "env from metadata for container %s not applied (tried again in %s): %v", sc.Name, delay, err)
+		return prev
 	}
 	keys := make([]string, 0, len(set))
 	for k := range set {
@@ -208,14 +286,83 @@ func (c *Controller) startEnvSwap(pod *corev1.Pod, sc *corev1.Container, id, cal
 	sort.Strings(keys)
 	log.Info("pod metadata behind the env changed: swapping in place", zap.Strings("env", keys), zap.String("for", caller))
 	go func() {
+		committed := false
 		for ev := range sub.C { // Report writes its events and status
 			if rec := ev.GetRecord(); rec != nil {
-				s.committed = rec.GetState() == inplacedv1.SwapState_SWAP_STATE_COMMITTED
+				committed = rec.GetState() == inplacedv1.SwapState_SWAP_STATE_COMMITTED
 			}
 		}
-		close(s.done)
+		if delay := c.envSwapEnded(s, committed); !committed {
+			log.Info("env-from-metadata swap did not commit: tried again after the back-off", zap.Strings("env", keys), zap.Duration("retry_in", delay))
+		}
 	}()
 	return s
+}
+
+// envRunning reports whether an env swap of the pod container key runs.
+// c.mu is held.
+func (c *Controller) envRunning(key containerKey) bool {
+	for _, s := range c.envSwaps {
+		if s.key == key && !s.ended() {
+			return true
+		}
+	}
+	return false
+}
+
+// envSwapEnded records how env swap s ended and has its pod synced again:
+// at once after a commit (the metadata may have changed meanwhile), after
+// the back-off it returns otherwise. A retry needs that sync of its own:
+// nothing else about the pod need change before the informer's resync.
+func (c *Controller) envSwapEnded(s *envSwap, committed bool) time.Duration {
+	now := c.now()
+	var delay time.Duration
+	c.mu.Lock()
+	s.committed = committed
+	if committed {
+		delete(c.envRetry, s.key)
+	} else {
+		if c.envRetry == nil {
+			c.envRetry = map[containerKey]*envBackoff{}
+		}
+		for k, b := range c.envRetry {
+			if now.Sub(b.until) > envRetryMax {
+				delete(c.envRetry, k) // left behind by a pod removed while its swap ran
+			}
+		}
+		b := c.envRetry[s.key]
+		if b == nil || b.digest != s.digest {
+			b = &envBackoff{digest: s.digest}
+			c.envRetry[s.key] = b
+		}
+		b.failures++
+		delay = envRetryDelay(b.failures)
+		b.until = now.Add(delay)
+	}
+	requeue := c.requeue
+	c.mu.Unlock()
+	close(s.done)
+	if requeue != nil {
+		requeue(s.podKey, delay)
+	}
+	return delay
+}
+
+// forgetEnv drops what is remembered of a removed pod's env swaps: their
+// back-offs, and the finished swaps (running ones end with the pod).
+func (c *Controller) forgetEnv(uid types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k := range c.envRetry {
+		if k.uid == uid {
+			delete(c.envRetry, k)
+		}
+	}
+	for id, s := range c.envSwaps {
+		if s.key.uid == uid && s.ended() {
+			delete(c.envSwaps, id)
+		}
+	}
 }
 
 // envSwapFor returns the env-from-metadata swap that replaces container

@@ -123,9 +123,12 @@ type Controller struct {
 	seen     map[types.UID]string
 	requests map[types.UID]string
 	told     map[string]bool
-	envSeen  map[string]bool // pod/container/values digests of env-from-metadata swaps
-	// envSwaps: env-from-metadata swaps by the container they replace.
+	// envSwaps: env-from-metadata swaps by the container they replace;
+	// envRetry: the back-off of those that did not commit, by pod container.
 	envSwaps map[string]*envSwap
+	envRetry map[containerKey]*envBackoff
+	// requeue syncs a pod (by its watch key) again after a delay; set by Run.
+	requeue func(podKey string, after time.Duration)
 	// waiters: stops waiting for the watch to deliver a newer pod (watchLag).
 	waiters  map[types.UID][]chan struct{}
 	recorder *eventRecorder
@@ -204,7 +207,7 @@ func New(o Options) (*Controller, error) {
 	return &Controller{client: o.Client, node: o.NodeName, engine: o.Engine, kubelet: o.Kubelet, rt: o.Runtime, store: o.Store,
 		log: o.Logger, onPullFailure: o.OnPullFailure, creds: o.Credentials, resync: o.Resync, now: time.Now,
 		changes: map[containerKey]*change{}, ctx: context.Background(),
-		seen: map[types.UID]string{}, requests: map[types.UID]string{}, told: map[string]bool{}, envSeen: map[string]bool{}, envSwaps: map[string]*envSwap{}, waiters: map[types.UID][]chan struct{}{}, affinityDrift: o.AffinityDrift}, nil
+		seen: map[types.UID]string{}, requests: map[types.UID]string{}, told: map[string]bool{}, envSwaps: map[string]*envSwap{}, envRetry: map[containerKey]*envBackoff{}, waiters: map[types.UID][]chan struct{}{}, affinityDrift: o.AffinityDrift}, nil
 }
 
 func (c *change) cancel(why error) {

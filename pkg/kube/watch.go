@@ -62,6 +62,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "inplaced-pods"})
 	defer queue.ShutDown()
 	uids := map[string]types.UID{} // queue key → pod UID, for deletions
+	c.mu.Lock()
+	c.requeue = func(key string, after time.Duration) { queue.AddAfter(key, after) }
+	c.mu.Unlock()
 	enqueue := func(obj any) {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 			queue.Add(key)
@@ -395,6 +398,7 @@ func (c *Controller) containerMeta(ctx context.Context, id string) (labels, anno
 }
 
 func (c *Controller) cancelPod(uid types.UID, why error) {
+	c.forgetEnv(uid)
 	c.mu.Lock()
 	var drop []*change
 	for k, ch := range c.changes {
