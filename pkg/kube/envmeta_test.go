@@ -363,3 +363,35 @@ func TestRunRetriesEnvSwap(t *testing.T) {
 		t.Errorf("retry %v, want TIER=blue on c-old", req)
 	}
 }
+
+// TestImageChangeCarriesMetadataEnv: the kubelet-driven swap for an image
+// change is prepared with the env the pod's current metadata gives the
+// container, opted in or not: kubelet's own create would resolve the same,
+// so kubelet adopts the new container and no env swap follows it.
+func TestImageChangeCarriesMetadataEnv(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		annotations map[string]string
+	}{
+		{"opted in", map[string]string{AnnotationEnvFromMetadata: "true"}},
+		{"not opted in", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, _ := newKruiseEnv(t, true)
+			v2 := e.pod.DeepCopy()
+			v2.Annotations = tc.annotations
+			v2.Labels["tier"] = "blue"
+			v2.Spec.Containers[0].Image = "registry.local/app:v2"
+			e.c.syncContainer(v2, &v2.Spec.Containers[0], &runtimeapi.Container{Id: e.id,
+				Annotations: map[string]string{swap.AnnotationHash: ContainerHash("app", "registry.local/app:v1")}})
+			select {
+			case got := <-e.eng.prepared:
+				if got.Image != "registry.local/app:v2" || len(got.MetadataEnv) != 1 || got.MetadataEnv["TIER"] != "blue" {
+					t.Errorf("prepared %s with metadata env %v, want v2 with TIER=blue", got.Image, got.MetadataEnv)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the image change was not prepared")
+			}
+		})
+	}
+}

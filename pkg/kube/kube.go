@@ -153,6 +153,9 @@ type change struct {
 	detectedAt time.Time
 	// pullSecrets are the pod's imagePullSecrets, read again for each pull.
 	pullSecrets []string
+	// metadataEnv is the container's env from the pod's labels and
+	// annotations, as kubelet's create of the new container resolves it.
+	metadataEnv map[string]string
 	// creds: what the last credentials lookup covered (set by prepare
 	// before ready closes).
 	creds lookup
@@ -420,7 +423,7 @@ func (c *Controller) changeFor(ctx context.Context, containerID string) *change 
 // credentials lookup.
 func (c *Controller) reprepare(old *change) *change {
 	ch := &change{key: old.key, namespace: old.namespace, pod: old.pod, image: old.image, hash: old.hash,
-		oldID: old.oldID, pullSecrets: old.pullSecrets, detectedAt: c.now(), ready: make(chan struct{}), gone: make(chan struct{})}
+		oldID: old.oldID, pullSecrets: old.pullSecrets, metadataEnv: old.metadataEnv, detectedAt: c.now(), ready: make(chan struct{}), gone: make(chan struct{})}
 	c.mu.Lock()
 	if c.changes[old.key] != old {
 		c.mu.Unlock()
@@ -450,8 +453,8 @@ func (c *Controller) cancelChange(ch *change, why error) {
 // the engine's Prepare, which pulls in the background.
 func (c *Controller) prepare(ch *change) {
 	auths, l := c.pullAuths(ch)
-	prep, err := c.engine.Prepare(c.ctx, swap.KubeletChange{ContainerID: ch.oldID, Image: ch.image, Hash: ch.hash, Auths: auths,
-		ExplainPull: c.explainPull(l)})
+	prep, err := c.engine.Prepare(c.ctx, swap.KubeletChange{ContainerID: ch.oldID, Image: ch.image, Hash: ch.hash,
+		MetadataEnv: ch.metadataEnv, Auths: auths, ExplainPull: c.explainPull(l)})
 	c.mu.Lock()
 	ch.prep, ch.prepErr, ch.creds = prep, err, l
 	c.mu.Unlock()

@@ -231,7 +231,7 @@ func (c *Controller) newChange(pod *corev1.Pod, sc *corev1.Container, oldID stri
 	}
 	return &change{key: containerKey{uid: pod.UID, name: sc.Name}, namespace: pod.Namespace, pod: pod.Name,
 		image: sc.Image, hash: ContainerHash(sc.Name, sc.Image), oldID: oldID, pullSecrets: secrets,
-		detectedAt: c.now(), ready: make(chan struct{}), gone: make(chan struct{})}
+		metadataEnv: metadataEnv(pod, sc), detectedAt: c.now(), ready: make(chan struct{}), gone: make(chan struct{})}
 }
 
 // detect is the stop's own look at the pod watch's cache, for a stop that

@@ -29,6 +29,14 @@ type KubeletChange struct {
 	// (io.kubernetes.container.hash): the new container carries it, so that
 	// kubelet adopts it.
 	Hash string
+	// MetadataEnv is the env kubelet resolves from the pod's labels and
+	// annotations (downward API fieldRef) at each create, with the pod's
+	// current values: kubelet's own create of the new container would
+	// carry them, so the new container does too — an earlier in-place swap
+	// of them (env from metadata) is kept, where the declared config has
+	// the values of the pod's first create. Only values that differ from
+	// the declared config change anything.
+	MetadataEnv map[string]string
 	// Auths are the credentials to try for the pull, in order (from the
 	// pod's imagePullSecrets); none means an anonymous pull.
 	Auths []*inplacedv1.RegistryAuth
@@ -130,7 +138,7 @@ func (e *Engine) Prepare(ctx context.Context, c KubeletChange) (*Prepared, error
 	}
 	base, hadOverride := e.declared(t)
 	img := c.Image
-	change := &inplacedv1.Change{Image: &img}
+	change := &inplacedv1.Change{Image: &img, SetEnv: envChanges(base, c.MetadataEnv)}
 	id := newID(e.now())
 	r := newRun(e, id, KindKubelet, t, change, &inplacedv1.SwapOptions{SkipPreStop: true}, nil,
 		Caller{Description: CallerKubelet}, nil)
@@ -170,6 +178,24 @@ func (e *Engine) declared(t *target) (*runtimeapi.ContainerConfig, bool) {
 		return t.request.Config, true
 	}
 	return req.Config, true
+}
+
+// envChanges is what of env differs from cfg's (nil when nothing does).
+func envChanges(cfg *runtimeapi.ContainerConfig, env map[string]string) map[string]string {
+	have := map[string]string{}
+	for _, kv := range cfg.GetEnvs() {
+		have[kv.Key] = string(kv.Value)
+	}
+	var set map[string]string
+	for k, v := range env {
+		if hv, ok := have[k]; !ok || hv != v {
+			if set == nil {
+				set = map[string]string{}
+			}
+			set[k] = v
+		}
+	}
+	return set
 }
 
 // pullWithAuths tries each credential in turn, as kubelet does with a pod's
@@ -221,8 +247,8 @@ func (r *run) awaitProceed(ctx context.Context) error {
 }
 
 // kubeletConfig is the new container's config: kubelet's declared config
-// with the new image, as the next attempt, with kubelet's hash for the new
-// spec.
+// with the new image (and the env kubelet resolves from the pod's current
+// metadata), as the next attempt, with kubelet's hash for the new spec.
 func (r *run) kubeletConfig(imageRef, userImage string) *runtimeapi.ContainerConfig {
 	cfg := applyChange(r.kube.base, r.change, imageRef, userImage)
 	ann := make(map[string]string, len(cfg.Annotations))

@@ -157,3 +157,49 @@ func TestConfigDiff(t *testing.T) {
 		t.Fatalf("diff %v, want [envs mounts]", d)
 	}
 }
+
+// An image change after an env swap of env taken from the pod's metadata:
+// the new container has kubelet's declared config (the override is the
+// spec change's to drop) with the env kubelet resolves from the pod's
+// current metadata, as kubelet's own create would — not the values of the
+// pod's first create.
+func TestPrepareCarriesMetadataEnv(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		metadata map[string]string // KubeletChange.MetadataEnv
+		want     string            // MODE in the new container
+	}{
+		{"label changed since the first create", map[string]string{"MODE": "blue"}, "blue"},
+		{"label back to the first create's value", map[string]string{"MODE": "old"}, "old"},
+		{"no env from metadata", nil, "old"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.create(t, e.containerReq(0), true)
+			envRec := e.swap(t, &inplacedv1.Change{SetEnv: map[string]string{"MODE": "blue"}}, nil)
+			if envRec.State != inplacedv1.SwapState_SWAP_STATE_COMMITTED {
+				t.Fatalf("env swap %s: %s", envRec.State, envRec.Error)
+			}
+			p, err := e.eng.Prepare(context.Background(), KubeletChange{ContainerID: envRec.RunningContainerId,
+				Image: "registry.local/app:v2", Hash: newHash, MetadataEnv: tc.metadata})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitClosed(t, p.Pulled(), "pull")
+			res, err := p.Proceed(context.Background(), 2)
+			if err != nil || res.NewID == "" {
+				t.Fatalf("proceed: %+v %v", res, err)
+			}
+			env := map[string]string{}
+			for _, kv := range res.NewRequest.Config.Envs {
+				env[kv.Key] = string(kv.Value)
+			}
+			if env["MODE"] != tc.want || env["KEEP"] != "kept" || len(env) != 2 {
+				t.Errorf("new container env %v, want MODE=%s KEEP=kept", env, tc.want)
+			}
+			if _, err := e.st.Override(e.sbID, "app"); err == nil {
+				t.Error("the env swap's override outlived the spec change")
+			}
+		})
+	}
+}
