@@ -248,6 +248,18 @@ func (c *Controller) startEnvSwap(pod *corev1.Pod, sc *corev1.Container, id, cal
 		c.mu.Unlock()
 		return prev
 	}
+	if c.imageChangePending(key, id) {
+		// Its swap carries the env from metadata, as kubelet's own create
+		// would: a swap now would be a second restart, and would answer
+		// kubelet's stop for the image. Looked at again in a while, in
+		// case the image change ends without a swap.
+		requeue := c.requeue
+		c.mu.Unlock()
+		if requeue != nil {
+			requeue(pod.Namespace+"/"+pod.Name, envRetryInitial)
+		}
+		return prev
+	}
 	act, set, digest := decideEnv(want, have, c.envRetry[key], now)
 	if act != envSwapNow {
 		if act == envInPlace {
@@ -308,6 +320,30 @@ func (c *Controller) envRunning(key containerKey) bool {
 		}
 	}
 	return false
+}
+
+// imageChangePending reports whether a kubelet-driven image change of
+// container id (pod container key) is pending or running, short of a
+// failed pull. c.mu is held.
+func (c *Controller) imageChangePending(key containerKey, id string) bool {
+	ch := c.changes[key]
+	if ch == nil || ch.oldID != id {
+		return false
+	}
+	select {
+	case <-ch.ready:
+	default:
+		return true // being prepared
+	}
+	if ch.prepErr != nil || ch.prep == nil {
+		return false
+	}
+	select {
+	case <-ch.prep.Pulled():
+		return ch.prep.PullErr() == nil
+	default:
+		return true // pulling
+	}
 }
 
 // envSwapEnded records how env swap s ended and has its pod synced again:

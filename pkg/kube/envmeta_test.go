@@ -395,3 +395,42 @@ func TestImageChangeCarriesMetadataEnv(t *testing.T) {
 		})
 	}
 }
+
+// TestEnvSwapWaitsForImageChange: while a kubelet-driven image change of
+// the container is pending, no env swap starts (the image swap carries the
+// env); the pod is looked at again, and once the change is gone — or its
+// preparation failed — the env swap goes ahead.
+func TestEnvSwapWaitsForImageChange(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		prepErr error // the change's preparation failed
+	}{
+		{"pending change", nil},
+		{"change that could not be prepared", errors.New("test: container gone")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newEnvRetryEnv(t)
+			r.eng.commit = true
+			blue := r.label("blue")
+			blue.Spec.Containers[0].Image = "registry.local/app:v2"
+			ch := r.c.newChange(blue, &blue.Spec.Containers[0], r.id)
+			if tc.prepErr != nil {
+				ch.prepErr = tc.prepErr
+				close(ch.ready)
+			}
+			r.c.mu.Lock()
+			r.c.changes[ch.key] = ch
+			r.c.mu.Unlock()
+			r.sync(blue, r.id)
+			if tc.prepErr != nil {
+				r.swaps(t, 1)
+				return
+			}
+			r.swaps(t, 0)
+			r.ended(t, envRetryInitial) // looked at again
+			r.c.forget(ch)              // the change ended without a swap
+			r.sync(blue, r.id)
+			r.swaps(t, 1)
+		})
+	}
+}
