@@ -15,6 +15,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/kube"
+	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
 func (km *kmenv) createMetaPod(t *testing.T, name string, optIn bool) *corev1.Pod {
@@ -98,5 +99,46 @@ func (km *kmenv) testEnvFromMetadata(t *testing.T) {
 	idNo, envNo := km.processEnv(t, "nometa")
 	if idNo != idNoBefore || envNo != noBefore || !strings.Contains(envNo, "TIER=blue\x00") {
 		t.Errorf("without the opt-in the container changed: %s→%s, env %q", short(idNoBefore), short(idNo), envNo)
+	}
+	km.imageAfterEnvFromMetadata(t)
+}
+
+// imageAfterEnvFromMetadata: an image patch after the label-driven env swap
+// is one kubelet-driven swap whose container has the label's TIER, adopted
+// by kubelet; no env swap follows it (one patch, one restart).
+func (km *kmenv) imageAfterEnvFromMetadata(t *testing.T) {
+	idBefore, _ := km.processEnv(t, "meta")
+	before := len(km.kubeletSwaps(t, "meta"))
+	off := km.logOffset(t)
+	km.setImage(t, "meta", km.imgs.App2)
+	var id string
+	eventually(t, 2*time.Minute, "meta on the new image with TIER=green", func() error {
+		recs := km.kubeletSwaps(t, "meta")
+		if len(recs) != before+1 || recs[len(recs)-1].State != inplacedv1.SwapState_SWAP_STATE_COMMITTED {
+			return fmt.Errorf("kubelet-driven swaps %v", recs)
+		}
+		var env string
+		var err error
+		if id, env, err = km.tryProcessEnv(t, "meta"); err != nil {
+			return err
+		}
+		if id == idBefore || !strings.Contains(env, "TIER=green\x00") {
+			return fmt.Errorf("container %s env %q", short(id), env)
+		}
+		return nil
+	})
+	recs := km.kubeletSwaps(t, "meta")
+	rec := recs[len(recs)-1]
+	if rec.RunningContainerId != id || !strings.HasPrefix(rec.Handoff, "adopted") {
+		t.Errorf("kubelet-driven swap: running %s (process in %s), handoff %q; want kubelet to adopt its container", short(rec.RunningContainerId), short(id), rec.Handoff)
+	}
+	t.Logf("image patch after the label's env swap: swap %s, downtime %s, handoff: %s", rec.Id,
+		time.Duration(rec.DowntimeNs).Round(time.Millisecond), rec.Handoff)
+	time.Sleep(2 * kubeletSync)
+	if now, _ := km.processEnv(t, "meta"); now != id {
+		t.Errorf("the container changed again after the image swap: %s → %s", short(id), short(now))
+	}
+	if n := km.pxLogCount(t, off, "pod metadata behind the env changed"); n != 0 {
+		t.Errorf("%d env-from-metadata swaps after the image patch, want none", n)
 	}
 }
