@@ -31,21 +31,22 @@ vet:
 
 # make test: unit tests, the generated-code drift check, then e2e against a
 # private containerd 2.4 and containerd 1.6 (both), loopback registry and CNI,
-# and a real kubelet for the coherence tests, then the node guest. The
-# 5-minute soak (test-soak-short, ~7 min) is not in it for now: with it a
-# fresh machine's make test comes to about 82 of CI's 90 minutes
-# (docs/performance.md).
-test: deps build proto-check vet test-unit test-e2e test-node
+# and a real kubelet for the coherence tests, the 5-minute soak (one backend,
+# each fault once), then the node guest.
+test: deps build proto-check vet test-unit test-e2e test-soak-short test-node
 # Inside CI's 90 minutes on a fresh machine, make test boots the guest once,
 # on Debian's own containerd 1.6 (the node a distribution gives); make
-# test-node alone boots it on both.
+# test-node alone boots it on both. The guest's image is built while
+# OpenKruise and k3s compile (hack/install-deps.sh).
 test: NODE_BACKENDS = 1.6
+test: VM_IMAGE = 1
+VM_IMAGE ?= 0
 
 test-unit:
 	$(GO) test -count=1 -race ./pkg/... ./cmd/... ./test/docs/ ./test/codecheck/
 
 test-e2e: build
-	INPLACED_WITH_KUBELET=1 hack/install-deps.sh --no-apt
+	INPLACED_WITH_KUBELET=1 INPLACED_WITH_VM_IMAGE=$(VM_IMAGE) hack/install-deps.sh --no-apt
 	env -u SOAK_DURATION $(GO) test -p 1 -count=1 -timeout $(E2E_TIMEOUT) -v ./test/... 2>&1 | tee $(OUT)/e2e.log | grep -E '^(=== RUN|\s*--- (FAIL|SKIP)|--- |PASS|FAIL|ok|panic|\s+\S+\.go:[0-9]+:)' ; rc=$${PIPESTATUS[0]}; [ $$rc = 0 ] || hack/fail-excerpt.sh $(OUT)/e2e.log; exit $$rc
 
 # The node guest (docs/node.md): Debian 12 under QEMU (TCG) with systemd as

@@ -21,6 +21,9 @@
 #       k3s-<pseudo-version>/{k3s,kubectl,crictl}
 #                                          (only with INPLACED_WITH_KUBELET=1:
 #                                          hack/build-k3s.sh)
+#   - with INPLACED_WITH_KUBELET=1 and INPLACED_WITH_VM_IMAGE=1, the node
+#     guest's image (hack/vm/build-image.sh, cached in INPLACED_VM_CACHE),
+#     built in the background while OpenKruise and k3s compile (make test).
 # Each Go tool has a stamp file holding its version; a changed pin reinstalls it.
 # Every fresh build is timed; the last line sums them up ("fresh builds took: ...").
 #
@@ -248,9 +251,26 @@ install_kubernetes() {
 	fi
 	"${HACK}/build-kubelet.sh"
 	"${HACK}/build-control-plane.sh"
+	# The node guest's image needs kubelet, crictl and containerd 2.4 only,
+	# and its build is mostly the Debian mirror and the disk: on a fresh
+	# machine it runs while OpenKruise and k3s compile.
+	local image_pid="" image_log="${SCRATCH}/inplaced-vm-image.log"
+	if [[ "${INPLACED_WITH_VM_IMAGE:-0}" == "1" ]]; then
+		log "building the node guest's image in the background (hack/vm/build-image.sh; log ${image_log})"
+		"${HACK}/vm/build-image.sh" >/dev/null 2>"${image_log}" &
+		image_pid=$!
+	fi
 	# After kube-apiserver: kube-scheduler's packages are then in the build cache.
 	"${HACK}/build-openkruise.sh"
 	"${HACK}/build-k3s.sh"
+	if [[ -n ${image_pid} ]]; then
+		if ! wait "${image_pid}"; then
+			cat "${image_log}" >&2
+			log "the node guest's image failed to build (above); make test-node builds it again"
+			exit 1
+		fi
+		log "node guest's image: $(tail -1 "${image_log}")"
+	fi
 }
 
 main() {
