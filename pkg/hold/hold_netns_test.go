@@ -232,13 +232,17 @@ func TestHoldLimit(t *testing.T) {
 	if len(res.Ports) != 1 || res.Ports[0].Reason != ReasonLimit || res.Parked() == 0 {
 		t.Errorf("result %+v, want released at the limit with SYNs parked", res)
 	}
-	if res.Duration < limit || res.Duration > limit+50*time.Millisecond {
+	// The margin is the timer's and the scheduler's on a loaded machine
+	// (-race, CI's two cores): a hold that ignored its limit would last
+	// until the test ends.
+	const late = 250 * time.Millisecond
+	if res.Duration < limit || res.Duration > limit+late {
 		t.Errorf("hold lasted %s, limit %s", res.Duration, limit)
 	}
-	// The margin is the client's own scheduling on a loaded machine (a
-	// handshake is timed from before its goroutine dials).
+	// And the client's own scheduling (a handshake is timed from before its
+	// goroutine dials).
 	for _, a := range as {
-		if a.Connect > limit+200*time.Millisecond {
+		if a.Connect > limit+late+200*time.Millisecond {
 			t.Errorf("connection at %s waited %s, past the limit %s", a.At.Format("15:04:05.000"), a.Connect, limit)
 		}
 	}
