@@ -46,13 +46,16 @@ func (r *Resizer) viaCgroups(ctx context.Context, o *op) error {
 	want := resources.LimitsFromCRI(o.req.GetLinux())
 	o.rec.To = targetValues(want, o.rec.From)
 	old := before(cur.Container, want, o.status)
-	// The pod rule: the control API moves the pod by the container's change
-	// (prev = the values before); kubelet moves the pod itself, so for its
-	// calls the pod only ever rises to the container's new limit (prev =
-	// want: a change of nothing, with the pod rule's floor).
+	// The pod rule: the control API moves the pod by the container's
+	// change, never below what kubelet creates the container with
+	// (podPrev); kubelet moves the pod itself, so for its calls the pod only
+	// ever rises to the container's new limit (prev = want: a change of
+	// nothing, with the pod rule's floor).
 	prev := &want
 	if o.exactPod {
-		prev = &old
+		d, known := r.declared(o.id)
+		pp := podPrev(old, want, d, known)
+		prev = &pp
 	}
 
 	// Refuse what would be refused, before the runtime changes anything.

@@ -50,8 +50,13 @@
 //
 // # The pod rule, per caller
 //
-// The control API moves the pod cgroup by the container's change (prev =
-// the container's values before, see package resources). kubelet resizes the
+// The control API moves the pod cgroup by the container's change (prev,
+// see package resources), counting the container for no less than the
+// limits kubelet creates it with (its recorded create, moved by kubelet's
+// own resizes since): kubelet does not know of the control API's resize and
+// creates the container again (a restart, a swap's new container) with its
+// own limits, which cgroup v1 refuses above the pod's CPU quota. A lowering
+// under those limits leaves the pod where it is (podPrev). kubelet resizes the
 // pod cgroup itself, before (raise) or after (lowering) its
 // UpdateContainerResources, so for kubelet's calls the pod is only raised
 // when it would sit below the container (prev = nil), and only the

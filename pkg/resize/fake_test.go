@@ -19,6 +19,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/resources"
+	"github.com/inplaced/inplaced/pkg/store"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
@@ -362,8 +363,28 @@ func (r *fakeRuntime) runcUpdate(cg string, res *runtimeapi.LinuxContainerResour
 
 // recorder is an in-memory Recorder.
 type recorder struct {
-	mu   sync.Mutex
-	recs []*inplacedv1.ResizeRecord
+	mu         sync.Mutex
+	recs       []*inplacedv1.ResizeRecord
+	containers map[string]*runtimeapi.CreateContainerRequest
+}
+
+func (s *recorder) Container(id string) (*runtimeapi.CreateContainerRequest, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.containers[id]; ok {
+		return proto.Clone(c).(*runtimeapi.CreateContainerRequest), nil
+	}
+	return nil, store.ErrNotFound
+}
+
+func (s *recorder) PutContainer(id string, req *runtimeapi.CreateContainerRequest) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.containers == nil {
+		s.containers = map[string]*runtimeapi.CreateContainerRequest{}
+	}
+	s.containers[id] = proto.Clone(req).(*runtimeapi.CreateContainerRequest)
+	return nil
 }
 
 func (s *recorder) PutResize(r *inplacedv1.ResizeRecord) error {

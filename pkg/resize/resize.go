@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/caller"
@@ -34,9 +35,13 @@ const (
 	MethodBackend = "backend" // runtime call only, verified through ContainerStatus
 )
 
-// Recorder stores resize records (store.Store).
+// Recorder stores resize records and kubelet's create of each container
+// (store.Store): the limits kubelet creates a container with are the pod
+// rule's floor (podPrev), and kubelet's own resizes move them.
 type Recorder interface {
 	PutResize(*inplacedv1.ResizeRecord) error
+	Container(id string) (*runtimeapi.CreateContainerRequest, error)
+	PutContainer(id string, req *runtimeapi.CreateContainerRequest) error
 }
 
 // Options configures a Resizer.
@@ -168,7 +173,59 @@ func (r *Resizer) UpdateContainerResources(ctx context.Context, req *runtimeapi.
 	if err := r.run(ctx, o, start); err != nil {
 		return nil, err
 	}
+	r.kubeletResized(o.id, req.GetLinux())
 	return &runtimeapi.UpdateContainerResourcesResponse{}, nil
+}
+
+// kubeletResized records kubelet's new limits in its create of the
+// container: kubelet creates the container with them from now on (a
+// restart), so does a swap's new container, and the control API's pod rule
+// keeps the pod above them. A store that cannot take it is only logged: the
+// resize itself is done.
+func (r *Resizer) kubeletResized(id string, lr *runtimeapi.LinuxContainerResources) {
+	req, err := r.store.Container(id)
+	if err != nil || req.GetConfig() == nil {
+		return // not created through inplaced
+	}
+	req = proto.Clone(req).(*runtimeapi.CreateContainerRequest)
+	if req.Config.Linux == nil {
+		req.Config.Linux = &runtimeapi.LinuxContainerConfig{}
+	}
+	if req.Config.Linux.Resources == nil {
+		req.Config.Linux.Resources = &runtimeapi.LinuxContainerResources{}
+	}
+	cur := req.Config.Linux.Resources
+	// CRI's zero is "not set": the runtime leaves that value as it was.
+	if lr.GetCpuPeriod() != 0 {
+		cur.CpuPeriod = lr.CpuPeriod
+	}
+	if lr.GetCpuQuota() != 0 {
+		cur.CpuQuota = lr.CpuQuota
+	}
+	if lr.GetCpuShares() != 0 {
+		cur.CpuShares = lr.CpuShares
+	}
+	if lr.GetMemoryLimitInBytes() != 0 {
+		cur.MemoryLimitInBytes = lr.MemoryLimitInBytes
+	}
+	if err := r.store.PutContainer(id, req); err != nil {
+		r.log.Warn("resize: kubelet's new limits not recorded", zap.String("container_id", id), zap.Error(err))
+	}
+}
+
+// declared is what kubelet creates container id with (its recorded
+// create, moved by kubelet's resizes since); ok is false when inplaced did
+// not see the create.
+func (r *Resizer) declared(id string) (resources.Limits, bool) {
+	req, err := r.store.Container(id)
+	if err != nil {
+		return resources.Limits{}, false
+	}
+	lr := req.GetConfig().GetLinux().GetResources()
+	if lr == nil {
+		return resources.Limits{}, false
+	}
+	return resources.LimitsFromCRI(lr), true
 }
 
 // op is one resize in progress.
@@ -189,8 +246,9 @@ type op struct {
 	// container's CPU period is known. kubelet's calls set req directly.
 	resources *inplacedv1.Resources
 	req       *runtimeapi.UpdateContainerResourcesRequest
-	// exactPod: move the pod by the container's change (control API); else
-	// kubelet moves the pod itself and it is only kept above the container.
+	// exactPod: raise the pod by the container's raise, never lower it
+	// (control API, podPrev); else kubelet moves the pod itself and it is
+	// only kept above the container.
 	exactPod bool
 }
 

@@ -3,6 +3,7 @@ package resize
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/errkind"
+	"github.com/inplaced/inplaced/pkg/resources"
 	"github.com/inplaced/inplaced/pkg/store"
 	"github.com/inplaced/inplaced/pkg/swap"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
@@ -101,9 +103,11 @@ func TestResizeCPURaiseAbovePodQuota(t *testing.T) {
 	}
 }
 
-// A lowering goes through the runtime first (the container drops), then the
-// pod follows by the container's change.
-func TestResizeCPULoweringPodAfter(t *testing.T) {
+// A lowering goes through the runtime (the container drops) and leaves the
+// pod where kubelet set it: kubelet still creates the container with its
+// spec's limit after a restart, which cgroup v1 refuses above the pod's
+// quota.
+func TestResizeCPULoweringLeavesPod(t *testing.T) {
 	f := newFixture(t)
 	f.addRunc(150000, 150000, 256*mi, 100<<20)
 	rec, err := f.r.Resize(context.Background(), &inplacedv1.ResizeRequest{Target: appTarget,
@@ -114,11 +118,103 @@ func TestResizeCPULoweringPodAfter(t *testing.T) {
 	wantEvents(t, cpuEvents(f.ev.all()), []string{
 		"write /cpu/kubepods/pod1/c1/cpu.cfs_quota_us=50000",
 		"cri update c1: ok",
-		"write /cpu/kubepods/pod1/cpu.cfs_quota_us=50000",
 	})
-	if len(rec.Repaired) != 1 || !strings.HasPrefix(rec.Repaired[0], "pod ") {
-		t.Errorf("repaired %q: want the pod's quota only", rec.Repaired)
+	if len(rec.Repaired) != 0 {
+		t.Errorf("repaired %q: want nothing (the pod stays)", rec.Repaired)
 	}
+	if got := f.fs.get(podCg, "cpu.cfs_quota_us"); got != "150000" {
+		t.Errorf("pod quota %s, want 150000 as kubelet set it", got)
+	}
+	// A raise after it moves the pod by the raise: 500m → 1200m adds 700m.
+	if _, err := f.r.Resize(context.Background(), &inplacedv1.ResizeRequest{Target: appTarget,
+		Resources: &inplacedv1.Resources{CpuLimitMillis: 1200}}, 0, 1); err != nil {
+		t.Fatalf("Resize up: %v", err)
+	}
+	if got := f.fs.get(podCg, "cpu.cfs_quota_us"); got != "220000" {
+		t.Errorf("pod quota %s after the raise, want 220000", got)
+	}
+}
+
+func TestPodPrev(t *testing.T) {
+	i, u := func(v int64) *int64 { return &v }, func(v uint64) *uint64 { return &v }
+	cpu := func(q int64) resources.Limits { return resources.Limits{CPUQuota: i(q), CPUPeriod: u(100000)} }
+	for _, tc := range []struct {
+		name            string
+		old, want, decl resources.Limits
+		known           bool
+		prev            resources.Limits // the pod moves by want - prev
+	}{
+		{"unknown: a raise moves the pod exactly", cpu(30000), cpu(40000), resources.Limits{}, false, cpu(30000)},
+		{"unknown: a lowering leaves the pod", cpu(30000), cpu(25000), resources.Limits{}, false, cpu(25000)},
+		{"under the declared limit: the pod stays", cpu(30000), cpu(25000), cpu(30000), true, cpu(25000)},
+		{"raise from under it: by what is above it", cpu(25000), cpu(35000), cpu(30000), true, cpu(30000)},
+		{"lowering back under it: back to where it was", cpu(35000), cpu(25000), cpu(30000), true, cpu(30000)},
+		{"above it both ways: exact", cpu(150000), cpu(50000), cpu(50000), true, cpu(150000)},
+		{"declared in another period", cpu(30000), cpu(25000), resources.Limits{CPUQuota: i(60000), CPUPeriod: u(200000)}, true, cpu(25000)},
+		{"memory under the declared limit: the pod stays",
+			resources.Limits{MemoryLimit: i(64 * mi)}, resources.Limits{MemoryLimit: i(48 * mi)}, resources.Limits{MemoryLimit: i(64 * mi)}, true,
+			resources.Limits{MemoryLimit: i(48 * mi)}},
+		{"memory raise: exact above the declared limit",
+			resources.Limits{MemoryLimit: i(64 * mi)}, resources.Limits{MemoryLimit: i(96 * mi)}, resources.Limits{MemoryLimit: i(64 * mi)}, true,
+			resources.Limits{MemoryLimit: i(64 * mi)}},
+		{"to unlimited: exact", cpu(30000), cpu(resources.Unlimited), cpu(30000), true, cpu(30000)},
+		{"shares move exactly", resources.Limits{CPUShares: u(512)}, resources.Limits{CPUShares: u(2)}, cpu(30000), true, resources.Limits{CPUShares: u(512)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := podPrev(tc.old, tc.want, tc.decl, tc.known)
+			if fmt.Sprint(vals(got)) != fmt.Sprint(vals(tc.prev)) {
+				t.Errorf("podPrev = %v, want %v", vals(got), vals(tc.prev))
+			}
+		})
+	}
+}
+
+func vals(l resources.Limits) []any {
+	return []any{deref(l.CPUQuota, 0), deref(l.CPUPeriod, 0), deref(l.CPUShares, 0), deref(l.MemoryLimit, 0)}
+}
+
+// The soak's case on a v1 node: kubelet created the container with 300m
+// and set the pod to 300m. The control API lowering it to 250m leaves the
+// pod, so kubelet's next create with 300m (a restart, a swap's new
+// container) fits under it; a raise to 350m moves the pod by what is above
+// 300m, and lowering back returns it to 300m. kubelet's own resize moves
+// the floor.
+func TestResizeKeepsPodAboveKubeletsLimits(t *testing.T) {
+	f := newFixture(t)
+	f.addRunc(30000, 30000, 256*mi, 100<<20)
+	if err := f.rec.PutContainer(ctrID, &runtimeapi.CreateContainerRequest{PodSandboxId: sandbox, Config: &runtimeapi.ContainerConfig{
+		Linux: &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 30000, MemoryLimitInBytes: 256 * mi}}}}); err != nil {
+		t.Fatal(err)
+	}
+	resize := func(milli int64, wantPod string) {
+		t.Helper()
+		if _, err := f.r.Resize(context.Background(), &inplacedv1.ResizeRequest{Target: appTarget,
+			Resources: &inplacedv1.Resources{CpuLimitMillis: milli}}, 0, 1); err != nil {
+			t.Fatalf("Resize %dm: %v", milli, err)
+		}
+		if got := f.fs.get(podCg, "cpu.cfs_quota_us"); got != wantPod {
+			t.Errorf("after %dm: pod quota %s, want %s", milli, got, wantPod)
+		}
+		if got, want := f.fs.get(ctrCg, "cpu.cfs_quota_us"), fmt.Sprint(milli*100); got != want {
+			t.Errorf("after %dm: container quota %s, want %s", milli, got, want)
+		}
+	}
+	resize(250, "30000")
+	resize(350, "35000")
+	resize(250, "30000")
+	resize(300, "30000")
+
+	// kubelet resizes to 500m (it raises the pod first, as it does).
+	f.fs.cgroup(podCg, 50000, 1024, -1, 100<<20)
+	if _, err := f.r.UpdateContainerResources(context.Background(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: ctrID,
+		Linux: &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 50000}}, f.next); err != nil {
+		t.Fatalf("kubelet's update: %v", err)
+	}
+	if req, _ := f.rec.Container(ctrID); req.GetConfig().GetLinux().GetResources().GetCpuQuota() != 50000 ||
+		req.GetConfig().GetLinux().GetResources().GetMemoryLimitInBytes() != 256*mi {
+		t.Errorf("recorded create after kubelet's resize: %v; want cpu 50000, memory unchanged", req.GetConfig().GetLinux().GetResources())
+	}
+	resize(250, "50000")
 }
 
 // A memory limit at or below usage is refused before anything happens: no

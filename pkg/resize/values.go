@@ -98,6 +98,72 @@ func before(c resources.Cgroup, want resources.Limits, st *runtimeapi.ContainerS
 	return l
 }
 
+// podPrev is the prev of the control API's pod rule (package resources:
+// the pod moves by want - prev). A container counts in its pod for no less
+// than what kubelet creates it with (declared): kubelet does not know of
+// the control API's resize and creates the container again — a restart, a
+// swap's new container — with its own limits, which cgroup v1 refuses above
+// the pod's CPU quota (EINVAL: the container could not start again; found by
+// the soak on a v1 node), and a memory limit above the pod's would be
+// capped below what kubelet set. So the pod moves by
+// max(want, declared) - max(old, declared): a lowering under the declared
+// limit leaves the pod, a raise above it moves the pod by what is above it,
+// and lowering back returns it to where it was. Without the declared limits
+// (a container inplaced did not see created, or no limit) a raise moves the
+// pod exactly and a lowering leaves it. The CPU request (shares) has no
+// such bound and moves exactly.
+func podPrev(old, want, declared resources.Limits, known bool) resources.Limits {
+	out := old
+	if want.MemoryLimit != nil && old.MemoryLimit != nil {
+		w, o := *want.MemoryLimit, *old.MemoryLimit
+		switch d := declared.MemoryLimit; {
+		case known && d != nil && *d > 0 && w != resources.Unlimited && o != resources.Unlimited:
+			out.MemoryLimit = ptr(w + max(o, *d) - max(w, *d))
+		case below(w, o):
+			out.MemoryLimit = &w
+		}
+	}
+	if (want.CPUQuota != nil || want.CPUPeriod != nil) && old.CPUQuota != nil && old.CPUPeriod != nil {
+		// In want's period: the kernel compares rates.
+		p := deref(want.CPUPeriod, *old.CPUPeriod)
+		w, o := deref(want.CPUQuota, *old.CPUQuota), inPeriod(*old.CPUQuota, *old.CPUPeriod, p)
+		switch dq, dp := declared.CPUQuota, declared.CPUPeriod; {
+		case known && dq != nil && *dq > 0 && dp != nil && *dp > 0 && w != resources.Unlimited && o != resources.Unlimited:
+			d := inPeriod(*dq, *dp, p)
+			out.CPUQuota, out.CPUPeriod = ptr(w+max(o, d)-max(w, d)), &p
+		case below(w, o):
+			out.CPUQuota, out.CPUPeriod = &w, &p
+		}
+	}
+	return out
+}
+
+// inPeriod is quota per period as a quota per p (rounded up).
+func inPeriod(quota int64, period, p uint64) int64 {
+	if quota == resources.Unlimited || period == p || period == 0 {
+		return quota
+	}
+	return int64(math.Ceil(float64(quota) * float64(p) / float64(period)))
+}
+
+// below says whether limit a is below limit b (Unlimited is above all).
+func below(a, b int64) bool {
+	switch {
+	case a == b || a == resources.Unlimited:
+		return false
+	case b == resources.Unlimited:
+		return true
+	}
+	return a < b
+}
+
+func deref[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
 // cgroupValues reports a container cgroup's values. On cgroup v2 the shares
 // are derived back from cpu.weight with kubelet's linear formula.
 func cgroupValues(c resources.Cgroup) *inplacedv1.ResizeValues {
