@@ -1097,6 +1097,12 @@ func (r *run) check(final bool) (problems int) {
 				if cs.Name != "app" {
 					byOps, limit = 0, 0
 				}
+				// A pod created as the runtime or inplaced went down: kubelet's
+				// first create or start was cut off, and kubelet starts the
+				// container again (as it would with containerd alone dying).
+				if r.createdInOutage(p) {
+					byOps, limit = byOps+1, limit+1
+				}
 				if cs.RestartCount > limit && r.once(fmt.Sprintf("restarts %s %s %d", p.name, cs.Name, cs.RestartCount)) {
 					r.violate(invRestarts, "pod %s container %s restartCount %d; the swaps started %d containers, the churn asked for %d restarts",
 						p.name, cs.Name, cs.RestartCount, bySwaps[p.name], byOps)
@@ -1281,6 +1287,25 @@ func (r *run) finish() {
 	if n := strings.Count(r.px.LogTail(1<<30), "panic:"); n > 0 {
 		r.t.Errorf("inplaced panicked %d times", n)
 	}
+}
+
+// outageMargin is how far before a backend outage a pod's creation counts as
+// cut off by it (the API's create, scheduling and kubelet's sandbox come
+// before kubelet's CreateContainer and StartContainer), and how far after
+// (kubelet's retry while the client reconnects).
+const outageMargin = 10 * time.Second
+
+// createdInOutage: p was created in a window in which CRI calls through
+// inplaced could fail (the backend or inplaced down).
+func (r *run) createdInOutage(p *podState) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, w := range r.windows {
+		if w.BackendDown && !p.created.Before(w.Start.Add(-outageMargin)) && !p.created.After(w.End.Add(outageMargin)) {
+			return true
+		}
+	}
+	return false
 }
 
 // kubeletResizes says, for the pods a kubelet resize touched, whether the
