@@ -138,10 +138,16 @@ func TallyDials(tb testing.TB, ds []Dial) DialTally {
 // until listened (when the new process listened) plus 50 ms.
 func CheckWaits(tb testing.TB, ds []Dial, listened time.Time) {
 	tb.Helper()
+	CheckWaitsWithin(tb, ds, listened, 50*time.Millisecond)
+}
+
+// CheckWaitsWithin is CheckWaits with another margin past the listen.
+func CheckWaitsWithin(tb testing.TB, ds []Dial, listened time.Time, margin time.Duration) {
+	tb.Helper()
 	for _, a := range ds {
-		if allowed := max(listened.Sub(a.At), 0) + 50*time.Millisecond; a.Err == nil && a.Connect > allowed {
-			tb.Errorf("connection at %s (%s) waited %s to connect: more than until the new process listened + 50 ms (%s)",
-				a.At.Format("15:04:05.000"), a.Reply, a.Connect, allowed)
+		if allowed := max(listened.Sub(a.At), 0) + margin; a.Err == nil && a.Connect > allowed {
+			tb.Errorf("connection at %s (%s) waited %s to connect: more than until the new process listened + %s (%s)",
+				a.At.Format("15:04:05.000"), a.Reply, a.Connect, margin, allowed)
 		}
 	}
 }
