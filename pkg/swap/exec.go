@@ -182,6 +182,7 @@ func (r *run) config(specHash bool) *runtimeapi.ContainerConfig {
 // setNewConfig records the new container's request in the journal and the
 // record, before create-new is journaled.
 func (r *run) setNewConfig(cfg *runtimeapi.ContainerConfig) {
+	setLimits(cfg, r.t.limits) // cfg is a copy (applyChange's)
 	r.j.NewAttempt = nextAttempt(cfg, r.oldReq.Config)
 	r.newReq = &runtimeapi.CreateContainerRequest{PodSandboxId: r.oldReq.PodSandboxId, Config: cfg, SandboxConfig: r.oldReq.SandboxConfig}
 	r.j.NewRequest, _ = proto.Marshal(r.newReq)

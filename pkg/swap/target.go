@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"google.golang.org/protobuf/proto"
 	"sort"
 	"strings"
 
@@ -21,10 +22,13 @@ type target struct {
 	status    *runtimeapi.ContainerStatus
 	sandbox   *runtimeapi.PodSandboxStatus
 	identity  sandboxIdentity                    // what the swap must leave as it is
-	request   *runtimeapi.CreateContainerRequest // recorded or adopted
-	name      string
-	pid       int    // the container's init, for the connection hold
-	netns     string // the sandbox's network namespace
+	request   *runtimeapi.CreateContainerRequest // recorded or adopted, with limits
+	// limits are the CPU and memory limits the runtime holds for the
+	// container (runningLimits); nil when it does not say.
+	limits *runtimeapi.LinuxContainerResources
+	name   string
+	pid    int    // the container's init, for the connection hold
+	netns  string // the sandbox's network namespace
 }
 
 // Resolve finds the running container a Target names. Exported for the
@@ -104,13 +108,15 @@ func (e *Engine) resolve(ctx context.Context, t *inplacedv1.Target) (*target, er
 	if err != nil {
 		return nil, err
 	}
+	limits := runningLimits(st)
+	req = withLimits(req, limits)
 	name := c.Labels[LabelContainerName]
 	if name == "" {
 		name = c.GetMetadata().GetName()
 	}
 	id := identityOf(ps)
 	pid, netns := procInfo(st, id)
-	return &target{container: c, status: st.Status, sandbox: ps.Status, identity: id, request: req, name: name, pid: pid, netns: netns}, nil
+	return &target{container: c, status: st.Status, sandbox: ps.Status, identity: id, request: req, limits: limits, name: name, pid: pid, netns: netns}, nil
 }
 
 // recorded returns the CreateContainerRequest a container was made from: from
@@ -182,4 +188,87 @@ func short(id string) string {
 		return id[:13]
 	}
 	return id
+}
+
+// runningLimits are the CPU and memory limits the runtime holds for a
+// container now: the OCI spec in its verbose status (containerd keeps it
+// and every UpdateContainerResources moves it, on 1.6 as on 2.x), else the
+// CRI status' resources; nil when neither says. A swap's new container and
+// its rollback get these rather than the recorded create's: kubelet may have
+// resized the container since (and lowered its pod cgroup, which cgroup v1
+// enforces against a new container's quota), and its resize need not have
+// reached inplaced's record.
+func runningLimits(st *runtimeapi.ContainerStatusResponse) *runtimeapi.LinuxContainerResources {
+	var info struct {
+		RuntimeSpec struct {
+			Linux struct {
+				Resources *struct {
+					CPU *struct {
+						Shares *uint64 `json:"shares"`
+						Quota  *int64  `json:"quota"`
+						Period *uint64 `json:"period"`
+					} `json:"cpu"`
+					Memory *struct {
+						Limit *int64 `json:"limit"`
+					} `json:"memory"`
+				} `json:"resources"`
+			} `json:"linux"`
+		} `json:"runtimeSpec"`
+	}
+	if raw := st.GetInfo()["info"]; raw != "" && json.Unmarshal([]byte(raw), &info) == nil && info.RuntimeSpec.Linux.Resources != nil {
+		r, out := info.RuntimeSpec.Linux.Resources, &runtimeapi.LinuxContainerResources{}
+		if c := r.CPU; c != nil {
+			out.CpuShares, out.CpuQuota, out.CpuPeriod = int64(deref(c.Shares)), deref(c.Quota), int64(deref(c.Period))
+		}
+		if m := r.Memory; m != nil {
+			out.MemoryLimitInBytes = deref(m.Limit)
+		}
+		return out
+	}
+	return st.GetStatus().GetResources().GetLinux()
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+// withLimits is req with the CPU and memory limits of lr where lr sets them
+// (CRI's zero: not set), everything else of the recorded create kept.
+func withLimits(req *runtimeapi.CreateContainerRequest, lr *runtimeapi.LinuxContainerResources) *runtimeapi.CreateContainerRequest {
+	if lr == nil || req.GetConfig() == nil {
+		return req
+	}
+	out := proto.Clone(req).(*runtimeapi.CreateContainerRequest)
+	setLimits(out.Config, lr)
+	return out
+}
+
+// setLimits writes lr's CPU and memory limits into cfg (a copy).
+func setLimits(cfg *runtimeapi.ContainerConfig, lr *runtimeapi.LinuxContainerResources) {
+	if lr == nil {
+		return
+	}
+	if cfg.Linux == nil {
+		cfg.Linux = &runtimeapi.LinuxContainerConfig{}
+	}
+	if cfg.Linux.Resources == nil {
+		cfg.Linux.Resources = &runtimeapi.LinuxContainerResources{}
+	}
+	r := cfg.Linux.Resources
+	if lr.CpuPeriod != 0 {
+		r.CpuPeriod = lr.CpuPeriod
+	}
+	if lr.CpuQuota != 0 {
+		r.CpuQuota = lr.CpuQuota
+	}
+	if lr.CpuShares != 0 {
+		r.CpuShares = lr.CpuShares
+	}
+	if lr.MemoryLimitInBytes != 0 {
+		r.MemoryLimitInBytes = lr.MemoryLimitInBytes
+	}
 }

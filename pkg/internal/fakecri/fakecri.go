@@ -56,6 +56,7 @@ type Backend struct {
 	exitOnStart map[string]int32
 	slowStart   map[string]time.Duration
 	starting    map[string]bool
+	info        map[string]string // verbose ContainerStatus info by container ID
 }
 
 // Start serves fresh fakes on a temporary socket until the test ends. Extra
@@ -125,6 +126,17 @@ func (b *Backend) ExitOnStart(image string, exitCode int32) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.exitOnStart[image] = exitCode
+}
+
+// SetInfo makes a verbose ContainerStatus of container id carry info (as
+// containerd's "info" key: its JSON with pid and runtimeSpec).
+func (b *Backend) SetInfo(id, info string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.info == nil {
+		b.info = map[string]string{}
+	}
+	b.info[id] = info
 }
 
 // SlowStart makes StartContainer of a container whose config image is image
@@ -334,6 +346,12 @@ func (s *runtimeServer) ListContainers(ctx context.Context, req *runtimeapi.List
 
 func (s *runtimeServer) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
 	resp, err := s.f.ContainerStatus(ctx, req.ContainerId, req.Verbose)
+	s.b.mu.Lock()
+	info, ok := s.b.info[req.ContainerId]
+	s.b.mu.Unlock()
+	if err == nil && ok && req.Verbose {
+		resp.Info = map[string]string{"info": info}
+	}
 	return resp, grpcErr(err)
 }
 
