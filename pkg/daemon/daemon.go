@@ -180,6 +180,7 @@ func (d *daemon) newRelay(context.Context) error {
 	if err != nil {
 		return err
 	}
+	d.keeper.sweep = func(ctx context.Context) { ics.SweepOverrides(ctx, d.rt) }
 	opts := []relay.Option{
 		relay.WithImageConn(d.imageConn),
 		relay.WithInterceptors(ics.Table()),

@@ -32,6 +32,10 @@ type stateKeeper struct {
 	ready atomic.Bool
 	// settling: a recovery is running (maybe retrying in the background).
 	settling atomic.Bool
+	// sweep drops what kubelet's calls could not clean up while the store
+	// could not be written (overrides of ended sandboxes); run calls it at
+	// its start and each time the store is back. Set before run.
+	sweep func(context.Context)
 }
 
 // start settles the journal when the store is usable, else reports why it
@@ -50,6 +54,9 @@ func (k *stateKeeper) start(ctx context.Context) {
 func (k *stateKeeper) run(ctx context.Context) {
 	t := time.NewTicker(store.RetryInterval)
 	defer t.Stop()
+	if k.st.Problem() == nil {
+		k.swept(ctx)
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -74,11 +81,22 @@ func (k *stateKeeper) check(ctx context.Context) {
 		}
 		k.log.Info("state store usable again: settling the swap journal", zap.String("state_file", p.Path))
 		k.settle(ctx)
+		k.swept(ctx)
 	}
 	if !k.ready.Load() {
 		k.ready.Store(true)
 		k.board.Clear(health.PartState)
 	}
+}
+
+// swept runs the sweep, bounded.
+func (k *stateKeeper) swept(ctx context.Context) {
+	if k.sweep == nil {
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	k.sweep(sctx)
 }
 
 func (k *stateKeeper) report(p *store.Problem) {

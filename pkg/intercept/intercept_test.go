@@ -951,3 +951,40 @@ func TestPresentedHash(t *testing.T) {
 		t.Fatalf("ContainerStatus after EndPresent: %v", st.Status.Annotations)
 	}
 }
+
+// TestSweepOverrides: a sandbox stopped while the override could not be
+// dropped (the stop went to the backend directly here, as it did through
+// inplaced while the state store was full) loses its override at the sweep;
+// a ready sandbox keeps its own; and nothing goes when the runtime cannot
+// be asked.
+func TestSweepOverrides(t *testing.T) {
+	p := newProxy(t)
+	ctx := context.Background()
+	goneID := p.runPod(t)
+	p.pod = fakecri.PodConfig("default", "other", "uid-other")
+	readyID := p.runPod(t)
+	for _, sb := range []string{goneID, readyID} {
+		if err := p.st.PutOverride(&store.Override{SandboxID: sb, Namespace: "default", Pod: "web", Container: "app",
+			SwapID: "swap-" + sb, Hash: "h1", Image: "registry.local/app:v2"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := p.be.RuntimeClient.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: goneID}); err != nil {
+		t.Fatal(err)
+	}
+	p.be.Runtime.InjectError("ListPodSandbox", status.Error(codes.Unavailable, "containerd restarting"))
+	p.ics.SweepOverrides(ctx, p.be.RuntimeClient)
+	if o, _ := p.st.Overrides(); len(o) != 2 {
+		t.Fatalf("overrides after a sweep that could not list the sandboxes: %v, want both kept", o)
+	}
+	p.ics.SweepOverrides(ctx, p.be.RuntimeClient)
+	if _, err := p.st.Override(goneID, "app"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("override of the stopped sandbox kept: %v", err)
+	}
+	if _, err := p.st.Override(readyID, "app"); err != nil {
+		t.Errorf("override of the ready sandbox dropped: %v", err)
+	}
+	if recs, _ := p.st.Swaps(); len(recs) != 1 || recs[0].Kind != "override-dropped" || recs[0].SandboxId != goneID {
+		t.Errorf("history %v, want one override-dropped record for the stopped sandbox", recs)
+	}
+}

@@ -73,6 +73,35 @@ func (i *Interceptors) endOverrides(sandboxID, how string) {
 	}
 }
 
+// SweepOverrides drops the overrides of sandboxes the runtime no longer has
+// ready: their stop or removal came while the state store could not be
+// written (a full disk) or while inplaced was down, so endOverrides could not
+// drop them then. Nothing is dropped when the runtime cannot be asked.
+func (i *Interceptors) SweepOverrides(ctx context.Context, rt runtimeapi.RuntimeServiceClient) {
+	all, err := i.store.Overrides()
+	if err != nil || len(all) == 0 {
+		return
+	}
+	resp, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
+		State: &runtimeapi.PodSandboxStateValue{State: runtimeapi.PodSandboxState_SANDBOX_READY}}})
+	if err != nil {
+		i.log.Debug("override sweep: cannot list the pod sandboxes", zap.Error(err))
+		return
+	}
+	ready := map[string]bool{}
+	for _, sb := range resp.GetItems() {
+		ready[sb.Id] = true
+	}
+	for _, o := range all {
+		if ready[o.SandboxID] {
+			continue
+		}
+		i.log.Info("pod sandbox no longer ready: dropping swap override left while it could not be dropped",
+			zap.String("sandbox_id", o.SandboxID), zap.String("container", o.Container), zap.String("swap_id", o.SwapID))
+		i.dropOverride(o, fmt.Sprintf("pod sandbox ended while the override could not be dropped: override of swap %s ends with it", o.SwapID))
+	}
+}
+
 func (i *Interceptors) removePodSandbox(ctx context.Context, req *runtimeapi.RemovePodSandboxRequest,
 	next func(context.Context, *runtimeapi.RemovePodSandboxRequest) (*runtimeapi.RemovePodSandboxResponse, error),
 ) (*runtimeapi.RemovePodSandboxResponse, error) {
