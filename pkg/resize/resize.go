@@ -12,7 +12,6 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/caller"
@@ -187,27 +186,7 @@ func (r *Resizer) kubeletResized(id string, lr *runtimeapi.LinuxContainerResourc
 	if err != nil || req.GetConfig() == nil {
 		return // not created through inplaced
 	}
-	req = proto.Clone(req).(*runtimeapi.CreateContainerRequest)
-	if req.Config.Linux == nil {
-		req.Config.Linux = &runtimeapi.LinuxContainerConfig{}
-	}
-	if req.Config.Linux.Resources == nil {
-		req.Config.Linux.Resources = &runtimeapi.LinuxContainerResources{}
-	}
-	cur := req.Config.Linux.Resources
-	// CRI's zero is "not set": the runtime leaves that value as it was.
-	if lr.GetCpuPeriod() != 0 {
-		cur.CpuPeriod = lr.CpuPeriod
-	}
-	if lr.GetCpuQuota() != 0 {
-		cur.CpuQuota = lr.CpuQuota
-	}
-	if lr.GetCpuShares() != 0 {
-		cur.CpuShares = lr.CpuShares
-	}
-	if lr.GetMemoryLimitInBytes() != 0 {
-		cur.MemoryLimitInBytes = lr.MemoryLimitInBytes
-	}
+	req = swap.WithLimits(req, lr)
 	if err := r.store.PutContainer(id, req); err != nil {
 		r.log.Warn("resize: kubelet's new limits not recorded", zap.String("container_id", id), zap.Error(err))
 	}

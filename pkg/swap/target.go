@@ -109,7 +109,7 @@ func (e *Engine) resolve(ctx context.Context, t *inplacedv1.Target) (*target, er
 		return nil, err
 	}
 	limits := runningLimits(st)
-	req = withLimits(req, limits)
+	req = WithLimits(req, limits)
 	name := c.Labels[LabelContainerName]
 	if name == "" {
 		name = c.GetMetadata().GetName()
@@ -236,9 +236,10 @@ func deref[T any](p *T) T {
 	return *p
 }
 
-// withLimits is req with the CPU and memory limits of lr where lr sets them
-// (CRI's zero: not set), everything else of the recorded create kept.
-func withLimits(req *runtimeapi.CreateContainerRequest, lr *runtimeapi.LinuxContainerResources) *runtimeapi.CreateContainerRequest {
+// WithLimits is req with the CPU and memory limits of lr where lr sets them
+// (CRI's zero: not set), everything else of the recorded create kept; req
+// itself is not changed. Package resize records kubelet's resizes with it.
+func WithLimits(req *runtimeapi.CreateContainerRequest, lr *runtimeapi.LinuxContainerResources) *runtimeapi.CreateContainerRequest {
 	if lr == nil || req.GetConfig() == nil {
 		return req
 	}
