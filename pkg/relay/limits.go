@@ -51,7 +51,7 @@ const (
 	// off, every HEADERS or DATA frame we send clears the control count.
 	paceFree  = 100
 	paceEvery = 100
-	pacePause = time.Millisecond
+	pacePause = 5 * time.Millisecond
 )
 
 // Abuse kinds, the observer's (and the metric's) label values.
