@@ -180,7 +180,12 @@ func (d *daemon) newRelay(context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.keeper.sweep = func(ctx context.Context) { ics.SweepOverrides(ctx, d.rt) }
+	d.keeper.sweep = func(ctx context.Context) {
+		ics.SweepOverrides(ctx, d.rt)
+		if err := d.resizer.r.RecordMissed(); err != nil {
+			d.log.Warn("kubelet's resizes from while the state store was unusable are not recorded yet; retried when it is back", zap.Error(err))
+		}
+	}
 	opts := []relay.Option{
 		relay.WithImageConn(d.imageConn),
 		relay.WithInterceptors(ics.Table()),

@@ -33,8 +33,9 @@ type stateKeeper struct {
 	// settling: a recovery is running (maybe retrying in the background).
 	settling atomic.Bool
 	// sweep drops what kubelet's calls could not clean up while the store
-	// could not be written (overrides of ended sandboxes); run calls it at
-	// its start and each time the store is back. Set before run.
+	// could not be written (overrides of ended sandboxes) and records what
+	// they changed meanwhile (kubelet's resizes); run calls it at its start
+	// and each time the store is back. Set before run.
 	sweep func(context.Context)
 }
 
@@ -120,7 +121,8 @@ func (k *stateKeeper) refusal() error {
 // guardedResizer is the resizer as the control API and kubelet's
 // UpdateContainerResources reach it: while the state store is unusable the
 // control API's resizes are refused and kubelet's go to the backend as they
-// came, as without inplaced.
+// came, as without inplaced; the resizer notes their limits, and the
+// keeper's sweep records them when the store is back.
 type guardedResizer struct {
 	r *resize.Resizer
 	k *stateKeeper
@@ -137,7 +139,13 @@ func (g guardedResizer) UpdateContainerResources(ctx context.Context, req *runti
 	next func(context.Context, *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error),
 ) (*runtimeapi.UpdateContainerResourcesResponse, error) {
 	if g.k.refusal() != nil {
-		return next(ctx, req)
+		resp, err := next(ctx, req)
+		if err == nil {
+			// Recorded once the store is back (the keeper's sweep), and
+			// counted by the pod rule until then.
+			g.r.PassedThrough(req.GetContainerId(), req.GetLinux())
+		}
+		return resp, err
 	}
 	return g.r.UpdateContainerResources(ctx, req, next)
 }

@@ -366,6 +366,7 @@ type recorder struct {
 	mu         sync.Mutex
 	recs       []*inplacedv1.ResizeRecord
 	containers map[string]*runtimeapi.CreateContainerRequest
+	putErr     error // PutContainer's answer when set: a store that takes no writes
 }
 
 func (s *recorder) Container(id string) (*runtimeapi.CreateContainerRequest, error) {
@@ -380,6 +381,9 @@ func (s *recorder) Container(id string) (*runtimeapi.CreateContainerRequest, err
 func (s *recorder) PutContainer(id string, req *runtimeapi.CreateContainerRequest) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.putErr != nil {
+		return s.putErr
+	}
 	if s.containers == nil {
 		s.containers = map[string]*runtimeapi.CreateContainerRequest{}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/caller"
@@ -19,6 +20,7 @@ import (
 	"github.com/inplaced/inplaced/pkg/fence"
 	"github.com/inplaced/inplaced/pkg/resources"
 	"github.com/inplaced/inplaced/pkg/runtimeclass"
+	"github.com/inplaced/inplaced/pkg/store"
 	"github.com/inplaced/inplaced/pkg/swap"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
@@ -81,6 +83,12 @@ type Resizer struct {
 	// mu serialises resizes: each is a read, a runtime call and writes that
 	// must not interleave with another resize of the same pod.
 	mu sync.Mutex
+
+	// missed holds kubelet's resizes that went to the backend without the
+	// resizer (PassedThrough), by container ID, until RecordMissed writes
+	// them into the containers' recorded creates.
+	missedMu sync.Mutex
+	missed   map[string]*runtimeapi.LinuxContainerResources
 }
 
 // New returns a Resizer. Runtime and Store are required.
@@ -179,17 +187,82 @@ func (r *Resizer) UpdateContainerResources(ctx context.Context, req *runtimeapi.
 // kubeletResized records kubelet's new limits in its create of the
 // container: kubelet creates the container with them from now on (a
 // restart), so does a swap's new container, and the control API's pod rule
-// keeps the pod above them. A store that cannot take it is only logged: the
-// resize itself is done.
+// keeps the pod above them. A store that cannot take it is logged, and the
+// limits are noted as PassedThrough notes them: the resize itself is done.
 func (r *Resizer) kubeletResized(id string, lr *runtimeapi.LinuxContainerResources) {
+	r.missedMu.Lock()
+	defer r.missedMu.Unlock()
+	delete(r.missed, id) // this resize is newer
+	if err := r.recordLimits(id, lr); err != nil {
+		r.log.Warn("resize: kubelet's new limits not recorded; recorded when the state store takes writes again",
+			zap.String("container_id", id), zap.Error(err))
+		r.noteLocked(id, lr)
+	}
+}
+
+// recordLimits moves container id's recorded create to limits lr; nil when
+// inplaced did not record its create (nothing to move).
+func (r *Resizer) recordLimits(id string, lr *runtimeapi.LinuxContainerResources) error {
 	req, err := r.store.Container(id)
-	if err != nil || req.GetConfig() == nil {
-		return // not created through inplaced
+	if errors.Is(err, store.ErrNotFound) || err == nil && req.GetConfig() == nil {
+		return nil // not created through inplaced
 	}
-	req = swap.WithLimits(req, lr)
-	if err := r.store.PutContainer(id, req); err != nil {
-		r.log.Warn("resize: kubelet's new limits not recorded", zap.String("container_id", id), zap.Error(err))
+	if err != nil {
+		return err
 	}
+	return r.store.PutContainer(id, swap.WithLimits(req, lr))
+}
+
+// PassedThrough notes a resize of kubelet's that went to the backend
+// without the resizer (the state store was unusable: the daemon passes
+// kubelet's calls through then). Its limits are what kubelet creates the
+// container with from now on; without them the recorded create keeps the
+// old ones, and the control API's pod rule would lower the pod below what
+// kubelet's next create of the container asks (the 30-minute soak: on
+// cgroup v1 that create then fails with EINVAL, and the pod crash-loops).
+// The pod rule counts them at once; RecordMissed records them.
+func (r *Resizer) PassedThrough(id string, lr *runtimeapi.LinuxContainerResources) {
+	r.missedMu.Lock()
+	defer r.missedMu.Unlock()
+	r.noteLocked(id, lr)
+}
+
+func (r *Resizer) noteLocked(id string, lr *runtimeapi.LinuxContainerResources) {
+	if lr == nil {
+		return
+	}
+	if r.missed == nil {
+		r.missed = map[string]*runtimeapi.LinuxContainerResources{}
+	}
+	r.missed[id] = proto.Clone(lr).(*runtimeapi.LinuxContainerResources)
+}
+
+// RecordMissed writes the resizes PassedThrough noted into the recorded
+// creates, once the store takes writes again; what it cannot write stays
+// noted (and counted by the pod rule) for the next call.
+func (r *Resizer) RecordMissed() error {
+	r.missedMu.Lock()
+	defer r.missedMu.Unlock()
+	var errs []error
+	for id, lr := range r.missed {
+		if err := r.recordLimits(id, lr); err != nil {
+			errs = append(errs, fmt.Errorf("container %s: %w", short(id), err))
+			continue
+		}
+		delete(r.missed, id)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("record kubelet's resizes made while the state store was unusable: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// missedLimits is kubelet's last resize of id that PassedThrough noted and
+// RecordMissed has not recorded yet, or nil.
+func (r *Resizer) missedLimits(id string) *runtimeapi.LinuxContainerResources {
+	r.missedMu.Lock()
+	defer r.missedMu.Unlock()
+	return r.missed[id]
 }
 
 // declared is what kubelet creates container id with (its recorded
@@ -199,6 +272,9 @@ func (r *Resizer) declared(id string) (resources.Limits, bool) {
 	req, err := r.store.Container(id)
 	if err != nil {
 		return resources.Limits{}, false
+	}
+	if lr := r.missedLimits(id); lr != nil && req.GetConfig() != nil {
+		req = swap.WithLimits(req, lr)
 	}
 	lr := req.GetConfig().GetLinux().GetResources()
 	if lr == nil {

@@ -217,6 +217,85 @@ func TestResizeKeepsPodAboveKubeletsLimits(t *testing.T) {
 	resize(250, "50000")
 }
 
+// kubelet's resizes that the resizer could not record (the state store took
+// no writes) still move the pod rule's floor, and are recorded once it does:
+// the 30-minute soak's finding. kubelet resized to 500m while the daemon
+// passed its calls through; the control API's 250m then lowered the pod to
+// 300m, below the 500m kubelet's next create asked, which cgroup v1 refused
+// (EINVAL) until the pod crash-looped.
+func TestResizeCountsKubeletsUnrecordedResizes(t *testing.T) {
+	f := newFixture(t)
+	f.addRunc(30000, 30000, 256*mi, 100<<20)
+	if err := f.rec.PutContainer(ctrID, &runtimeapi.CreateContainerRequest{PodSandboxId: sandbox, Config: &runtimeapi.ContainerConfig{
+		Linux: &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 30000, MemoryLimitInBytes: 256 * mi}}}}); err != nil {
+		t.Fatal(err)
+	}
+	resize := func(milli int64, wantPod string) {
+		t.Helper()
+		if _, err := f.r.Resize(context.Background(), &inplacedv1.ResizeRequest{Target: appTarget,
+			Resources: &inplacedv1.Resources{CpuLimitMillis: milli}}, 0, 1); err != nil {
+			t.Fatalf("Resize %dm: %v", milli, err)
+		}
+		if got := f.fs.get(podCg, "cpu.cfs_quota_us"); got != wantPod {
+			t.Errorf("after %dm: pod quota %s, want %s", milli, got, wantPod)
+		}
+	}
+	recorded := func() int64 {
+		t.Helper()
+		req, err := f.rec.Container(ctrID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return req.GetConfig().GetLinux().GetResources().GetCpuQuota()
+	}
+
+	// kubelet's resize to 500m past the resizer: kubelet raises the pod, the
+	// runtime the container.
+	f.fs.cgroup(podCg, 50000, 1024, -1, 100<<20)
+	if _, err := f.next(context.Background(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: ctrID,
+		Linux: &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 50000}}); err != nil {
+		t.Fatal(err)
+	}
+	f.r.PassedThrough(ctrID, &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 50000})
+	resize(250, "50000")
+
+	f.rec.putErr = errors.New("write state.db: no space left on device")
+	if err := f.r.RecordMissed(); err == nil || !strings.Contains(err.Error(), "no space left") {
+		t.Errorf("RecordMissed with a store that takes no writes: %v, want its error", err)
+	}
+	resize(300, "50000") // still noted
+
+	// kubelet's own resize to 600m, its record refused: noted too, and newer.
+	f.fs.cgroup(podCg, 60000, 1024, -1, 100<<20)
+	if _, err := f.r.UpdateContainerResources(context.Background(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: ctrID,
+		Linux: &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 60000}}, f.next); err != nil {
+		t.Fatalf("kubelet's update: %v", err)
+	}
+	resize(250, "60000")
+
+	f.rec.putErr = nil
+	if err := f.r.RecordMissed(); err != nil {
+		t.Fatalf("RecordMissed: %v", err)
+	}
+	if q := recorded(); q != 60000 {
+		t.Errorf("recorded create's quota %d after RecordMissed, want kubelet's 60000", q)
+	}
+	// A note is recorded once: kubelet's next resize (to 400m) is the floor.
+	f.fs.cgroup(podCg, 60000, 1024, -1, 100<<20)
+	if _, err := f.r.UpdateContainerResources(context.Background(), &runtimeapi.UpdateContainerResourcesRequest{ContainerId: ctrID,
+		Linux: &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 40000}}, f.next); err != nil {
+		t.Fatalf("kubelet's update: %v", err)
+	}
+	f.fs.cgroup(podCg, 40000, 1024, -1, 100<<20) // kubelet lowers the pod after
+	if err := f.r.RecordMissed(); err != nil {
+		t.Fatal(err)
+	}
+	if q := recorded(); q != 40000 {
+		t.Errorf("recorded create's quota %d after kubelet's 400m, want 40000", q)
+	}
+	resize(250, "40000")
+}
+
 // A memory limit at or below usage is refused before anything happens: no
 // runtime call, no cgroup write, and the record says so.
 func TestResizeBelowUsageTouchesNothing(t *testing.T) {
