@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -69,15 +70,46 @@ func TestSoak(t *testing.T) {
 	harness.Require(t, "mount", merr == nil, "mount is needed for the state filesystem (a tmpfs)")
 	backends := harness.BackendsFromEnv()
 	harness.Require(t, "a containerd backend", len(backends) > 0, "no containerd found; run hack/install-deps.sh")
+	interrupted := onInterrupt(t)
 	upgrade := buildUpgrade(t)
 	reg := harness.StartRegistry(t)
 	for _, b := range backends {
 		t.Run(string(b), func(t *testing.T) {
 			r := setUp(t, s, b, reg, upgrade)
-			r.soak()
+			r.interrupted = interrupted
+			if !r.soak() {
+				t.Fatal("interrupted: the soak ended early, no verdict; its cleanups ran")
+			}
 			r.finish()
 		})
+		select {
+		case <-interrupted:
+			return
+		default:
+		}
 	}
+}
+
+// onInterrupt: the first SIGINT or SIGTERM ends the soak early, so that
+// the test fails and its cleanups run (processes, mounts, bridges, cgroups,
+// sysctls: nothing is left on the machine); without it an interrupted soak
+// left all of them. A second signal ends the test binary at once. The
+// returned channel is closed at the first signal.
+func onInterrupt(t *testing.T) <-chan struct{} {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	interrupted, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		select {
+		case s := <-sig:
+			signal.Stop(sig)
+			fmt.Fprintf(os.Stderr, "soak: %v: ending the soak and cleaning up (a second signal ends it at once)\n", s)
+			close(interrupted)
+		case <-done:
+		}
+	}()
+	t.Cleanup(func() { signal.Stop(sig); close(done) })
+	return interrupted
 }
 
 // buildUpgrade builds cmd/inplaced a second time with another version: the
@@ -144,9 +176,11 @@ type run struct {
 	node    string
 	imgs    harness.Images
 	upgrade string
-	metrics string // host:port
-	state   string // the state dir, a tmpfs
-	imageID map[string]string
+	// interrupted is closed by the first SIGINT or SIGTERM (onInterrupt).
+	interrupted <-chan struct{}
+	metrics     string // host:port
+	state       string // the state dir, a tmpfs
+	imageID     map[string]string
 
 	apiDown, pxDown, ctrdDown atomic.Bool
 
@@ -432,8 +466,8 @@ func podReady(p *corev1.Pod) error {
 }
 
 // soak runs churn, faults, the probe, the sampler and the checker for the
-// duration.
-func (r *run) soak() {
+// duration; false if interrupted before its end.
+func (r *run) soak() bool {
 	r.started = time.Now()
 	end := r.started.Add(r.s.Duration)
 	r.t.Logf("soak on %s from %s for %s: faults %v", r.b, r.started.UTC().Format(time.RFC3339), r.s.Duration, Schedule(r.s.Duration))
@@ -473,10 +507,16 @@ func (r *run) soak() {
 			r.fault(f)
 		}
 	}()
-	time.Sleep(time.Until(end))
+	ran := true
+	select {
+	case <-time.After(time.Until(end)):
+	case <-r.interrupted:
+		ran = false
+	}
 	r.sample()
 	close(stop)
 	wg.Wait()
+	return ran
 }
 
 // --- churn ---
