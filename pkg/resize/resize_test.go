@@ -173,20 +173,17 @@ func vals(l resources.Limits) []any {
 	return []any{deref(l.CPUQuota, 0), deref(l.CPUPeriod, 0), deref(l.CPUShares, 0), deref(l.MemoryLimit, 0)}
 }
 
-// The soak's case on a v1 node: kubelet created the container with 300m
-// and set the pod to 300m. The control API lowering it to 250m leaves the
-// pod, so kubelet's next create with 300m (a restart, a swap's new
-// container) fits under it; a raise to 350m moves the pod by what is above
-// 300m, and lowering back returns it to 300m. kubelet's own resize moves
-// the floor.
-func TestResizeKeepsPodAboveKubeletsLimits(t *testing.T) {
+// newKubelet300m is a fixture whose container kubelet created with 300m
+// (and 256 MiB) in a pod of 300m, and a control API CPU resize that checks
+// the container's and the pod's quota after it.
+func newKubelet300m(t *testing.T) (*fixture, func(milli int64, wantPod string)) {
 	f := newFixture(t)
 	f.addRunc(30000, 30000, 256*mi, 100<<20)
 	if err := f.rec.PutContainer(ctrID, &runtimeapi.CreateContainerRequest{PodSandboxId: sandbox, Config: &runtimeapi.ContainerConfig{
 		Linux: &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 30000, MemoryLimitInBytes: 256 * mi}}}}); err != nil {
 		t.Fatal(err)
 	}
-	resize := func(milli int64, wantPod string) {
+	return f, func(milli int64, wantPod string) {
 		t.Helper()
 		if _, err := f.r.Resize(context.Background(), &inplacedv1.ResizeRequest{Target: appTarget,
 			Resources: &inplacedv1.Resources{CpuLimitMillis: milli}}, 0, 1); err != nil {
@@ -199,6 +196,16 @@ func TestResizeKeepsPodAboveKubeletsLimits(t *testing.T) {
 			t.Errorf("after %dm: container quota %s, want %s", milli, got, want)
 		}
 	}
+}
+
+// The soak's case on a v1 node: kubelet created the container with 300m
+// and set the pod to 300m. The control API lowering it to 250m leaves the
+// pod, so kubelet's next create with 300m (a restart, a swap's new
+// container) fits under it; a raise to 350m moves the pod by what is above
+// 300m, and lowering back returns it to 300m. kubelet's own resize moves
+// the floor.
+func TestResizeKeepsPodAboveKubeletsLimits(t *testing.T) {
+	f, resize := newKubelet300m(t)
 	resize(250, "30000")
 	resize(350, "35000")
 	resize(250, "30000")
@@ -224,22 +231,7 @@ func TestResizeKeepsPodAboveKubeletsLimits(t *testing.T) {
 // 300m, below the 500m kubelet's next create asked, which cgroup v1 refused
 // (EINVAL) until the pod crash-looped.
 func TestResizeCountsKubeletsUnrecordedResizes(t *testing.T) {
-	f := newFixture(t)
-	f.addRunc(30000, 30000, 256*mi, 100<<20)
-	if err := f.rec.PutContainer(ctrID, &runtimeapi.CreateContainerRequest{PodSandboxId: sandbox, Config: &runtimeapi.ContainerConfig{
-		Linux: &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 30000, MemoryLimitInBytes: 256 * mi}}}}); err != nil {
-		t.Fatal(err)
-	}
-	resize := func(milli int64, wantPod string) {
-		t.Helper()
-		if _, err := f.r.Resize(context.Background(), &inplacedv1.ResizeRequest{Target: appTarget,
-			Resources: &inplacedv1.Resources{CpuLimitMillis: milli}}, 0, 1); err != nil {
-			t.Fatalf("Resize %dm: %v", milli, err)
-		}
-		if got := f.fs.get(podCg, "cpu.cfs_quota_us"); got != wantPod {
-			t.Errorf("after %dm: pod quota %s, want %s", milli, got, wantPod)
-		}
-	}
+	f, resize := newKubelet300m(t)
 	recorded := func() int64 {
 		t.Helper()
 		req, err := f.rec.Container(ctrID)
