@@ -781,15 +781,7 @@ func TestMaskHidesTheSwapsContainerBeforeItIsRegistered(t *testing.T) {
 func TestOverridesEndWithTheirSandbox(t *testing.T) {
 	p := newProxy(t)
 	ctx := context.Background()
-	sbID := p.runPod(t)
-	p.pod = fakecri.PodConfig("default", "other", "uid-other")
-	otherID := p.runPod(t)
-	for _, sb := range []string{sbID, otherID} {
-		if err := p.st.PutOverride(&store.Override{SandboxID: sb, Namespace: "default", Pod: "web", Container: "app",
-			SwapID: "swap-" + sb, Hash: "h1", Image: "registry.local/app:v2"}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sbID, otherID := p.twoPodsWithOverrides(t)
 	p.be.Runtime.InjectError("StopPodSandbox", status.Error(codes.Internal, "cni teardown failed"))
 	if _, err := p.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sbID}); status.Code(err) != codes.Internal {
 		t.Fatalf("StopPodSandbox = %v, want the backend's Internal", err)
@@ -960,15 +952,7 @@ func TestPresentedHash(t *testing.T) {
 func TestSweepOverrides(t *testing.T) {
 	p := newProxy(t)
 	ctx := context.Background()
-	goneID := p.runPod(t)
-	p.pod = fakecri.PodConfig("default", "other", "uid-other")
-	readyID := p.runPod(t)
-	for _, sb := range []string{goneID, readyID} {
-		if err := p.st.PutOverride(&store.Override{SandboxID: sb, Namespace: "default", Pod: "web", Container: "app",
-			SwapID: "swap-" + sb, Hash: "h1", Image: "registry.local/app:v2"}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	goneID, readyID := p.twoPodsWithOverrides(t)
 	if _, err := p.be.RuntimeClient.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: goneID}); err != nil {
 		t.Fatal(err)
 	}
@@ -987,4 +971,20 @@ func TestSweepOverrides(t *testing.T) {
 	if recs, _ := p.st.Swaps(); len(recs) != 1 || recs[0].Kind != "override-dropped" || recs[0].SandboxId != goneID {
 		t.Errorf("history %v, want one override-dropped record for the stopped sandbox", recs)
 	}
+}
+
+// twoPodsWithOverrides runs two pods ("web", then "other") and records an
+// override of container app (swap "swap-<sandbox>") in each sandbox.
+func (p *proxy) twoPodsWithOverrides(t *testing.T) (first, second string) {
+	t.Helper()
+	first = p.runPod(t)
+	p.pod = fakecri.PodConfig("default", "other", "uid-other")
+	second = p.runPod(t)
+	for _, sb := range []string{first, second} {
+		if err := p.st.PutOverride(&store.Override{SandboxID: sb, Namespace: "default", Pod: "web", Container: "app",
+			SwapID: "swap-" + sb, Hash: "h1", Image: "registry.local/app:v2"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return first, second
 }
