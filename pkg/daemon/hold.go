@@ -17,7 +17,7 @@ func (holder) Ports(netns string, pid int, declared []uint16) ([]uint16, error) 
 	if netns == "" || pid == 0 {
 		return nil, errors.New("the backend's verbose status gives no pid or network namespace")
 	}
-	pids, err := hold.CgroupPids(pid)
+	pids, err := hold.ContainerPids(pid)
 	if err != nil {
 		return nil, err
 	}

@@ -1,7 +1,6 @@
 package hold
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -100,44 +99,4 @@ func socketInodes(pids []int) map[uint32]bool {
 		}
 	}
 	return out
-}
-
-// CgroupPids returns the processes in the cgroup of pid (the container's
-// processes when pid is its init), pid itself included. cgroup v2 first,
-// then v1's pids or memory hierarchy.
-func CgroupPids(pid int) ([]int, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		return nil, fmt.Errorf("cgroup of pid %d: %w", pid, err)
-	}
-	defer f.Close()
-	var procs string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		parts := strings.SplitN(sc.Text(), ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		switch {
-		case parts[0] == "0" && parts[1] == "":
-			procs = filepath.Join("/sys/fs/cgroup", parts[2], "cgroup.procs")
-		case procs == "" && slices.Contains(strings.Split(parts[1], ","), "pids"),
-			procs == "" && slices.Contains(strings.Split(parts[1], ","), "memory"):
-			procs = filepath.Join("/sys/fs/cgroup", parts[1], parts[2], "cgroup.procs")
-		}
-	}
-	out := []int{pid}
-	if procs == "" {
-		return out, nil
-	}
-	b, err := os.ReadFile(procs)
-	if err != nil {
-		return out, nil // the pid's own fds still count
-	}
-	for _, s := range strings.Fields(string(b)) {
-		if n, err := strconv.Atoi(s); err == nil && n != pid {
-			out = append(out, n)
-		}
-	}
-	return out, nil
 }
