@@ -64,9 +64,13 @@ type PortResult struct {
 	Parked int // SYNs parked (queue mode; retransmits count too)
 	// Reason is ReasonListening, ReasonLimit or ReasonAborted.
 	Reason string
-	// HeldFor is from the install to the port's release; LongestWait from
-	// its first parked SYN to the release (0 when none was parked).
+	// HeldFor is from the install to the port's release; LongestWait is the
+	// longest a parked SYN waited for its verdict (0 when none was parked).
 	HeldFor, LongestWait time.Duration
+	// Batches is how many verdicts released the parked SYNs, MaxBatch the
+	// largest, Backlog the new listener's backlog they were paced to (0
+	// when no new listener took them: one batch, as at the limit).
+	Batches, MaxBatch, Backlog int
 }
 
 // Result is how a hold ended.
@@ -100,10 +104,15 @@ type Held struct {
 	name string
 	num  map[uint16]uint16
 	// before are the inodes of the sockets listening when the hold began:
-	// a port is released for a socket not among them.
-	before map[uint32]bool
-	start  time.Time
-	ports  []uint16
+	// a port is released for sockets not among them. need is, per port,
+	// the families those sockets took (IPv4, IPv6 or both): the port is
+	// released once new sockets take them all (a port nobody listened on
+	// needs any one listener).
+	before   map[uint32]bool
+	need     map[uint16]int
+	start    time.Time
+	ports    []uint16
+	oneBatch bool
 
 	mu       sync.Mutex
 	released map[uint16]PortResult
@@ -114,7 +123,7 @@ type Held struct {
 // Hold installs a hold on ports in the network namespace at netnsPath. The
 // mode used may be weaker than asked (queue → drop): Mode and Why say. When
 // it returns an error nothing is installed.
-func Hold(ctx context.Context, netnsPath string, ports []uint16, mode Mode) (h *Held, retErr error) {
+func Hold(ctx context.Context, netnsPath string, ports []uint16, mode Mode, opts ...Option) (h *Held, retErr error) {
 	if mode != ModeQueue && mode != ModeDrop {
 		return nil, fmt.Errorf("hold: mode %q holds nothing", mode)
 	}
@@ -126,6 +135,9 @@ func Hold(ctx context.Context, netnsPath string, ports []uint16, mode Mode) (h *
 		return nil, err
 	}
 	h = &Held{ns: ns, mode: mode, start: time.Now(), ports: slices.Clone(ports), released: map[uint16]PortResult{}}
+	for _, o := range opts {
+		o(h)
+	}
 	defer func() {
 		if retErr != nil {
 			h.closeAll()
@@ -147,9 +159,12 @@ func Hold(ctx context.Context, netnsPath string, ports []uint16, mode Mode) (h *
 	if err != nil {
 		return nil, err
 	}
-	h.before = map[uint32]bool{}
+	h.before, h.need = map[uint32]bool{}, map[uint16]int{}
 	for _, l := range ls {
 		h.before[l.inode] = true
+		if slices.Contains(h.ports, l.port) {
+			h.need[l.port] |= l.takes()
+		}
 	}
 	if others {
 		h.mode, h.why = ModeDrop, "another program uses nfnetlink_queue in this network namespace"
@@ -255,40 +270,103 @@ func (h *Held) Quiesce(ctx context.Context, max time.Duration) time.Duration {
 	return time.Since(start)
 }
 
-// ReleaseWhenListening releases each port as soon as a socket listens on it
-// that did not when the hold began, or all that are left when max has
-// passed since the hold began, or when ctx ends or Abort is called; then it
-// removes the table. Every release accepts: past the limit the kernel
-// answers a SYN to a port nobody listens on with a reset, as without a hold.
+// Option changes how a hold releases.
+type Option func(*Held)
+
+// OneBatch releases every parked SYN of a port with one verdict, however
+// small the new listener's backlog (the release before pacing; kept for
+// the benchmark that compares the two).
+func OneBatch() Option { return func(h *Held) { h.oneBatch = true } }
+
+// ReleaseWhenListening releases each port as soon as new sockets listen on
+// it (Listen), and all that are left when max has passed since the hold
+// began, or when ctx ends or Abort is called; then it removes the table.
+// Every release accepts: past the limit the kernel answers a SYN to a port
+// nobody listens on with a reset, as without a hold.
 func (h *Held) ReleaseWhenListening(ctx context.Context, max time.Duration) Result {
-	deadline := h.start.Add(max)
+	missing := h.Listen(ctx, h.start.Add(max))
+	switch {
+	case ctx.Err() != nil:
+		return h.end(ReasonAborted)
+	case len(missing) > 0:
+		return h.end(ReasonLimit)
+	}
+	return h.end(ReasonListening)
+}
+
+// Start is when the hold was in place.
+func (h *Held) Start() time.Time { return h.start }
+
+// Listen releases each port as soon as sockets that were not there when the
+// hold began listen on it for every family the old ones took, until every
+// port is released, until passes, or ctx ends or Abort is called. It
+// returns the ports still held: those stay parked until the next Listen or
+// the end.
+func (h *Held) Listen(ctx context.Context, until time.Time) (missing []uint16) {
 	t := time.NewTicker(pollEvery)
 	defer t.Stop()
 	for {
 		if h.isEnded() {
-			return h.Result()
-		}
-		if ctx.Err() != nil {
-			return h.end(ReasonAborted)
-		}
-		if !time.Now().Before(deadline) {
-			return h.end(ReasonLimit)
+			return nil
 		}
 		if ls, err := h.d.listeners(); err == nil {
-			for _, l := range ls {
-				if !h.before[l.inode] && h.holding(l.port) {
-					h.releasePort(l.port, ReasonListening)
+			for port, fresh := range h.fresh(ls) {
+				if h.holding(port) && fresh.takes&h.needOf(port) == h.needOf(port) {
+					h.releasePort(port, ReasonListening)
 				}
 			}
 		}
-		if h.allReleased() {
-			return h.end(ReasonListening)
+		missing = h.stillHeld()
+		if len(missing) == 0 || ctx.Err() != nil || !time.Now().Before(until) {
+			return missing
 		}
 		select {
 		case <-ctx.Done():
 		case <-t.C:
 		}
 	}
+}
+
+// freshPort is what listens on a held port that did not when the hold
+// began: the families it takes, and the room in its accept queue.
+type freshPort struct {
+	takes int
+	room  int
+	// backlog is the smallest backlog among the new listeners.
+	backlog int
+}
+
+// fresh sums up, per port, the sockets that listen now and did not when
+// the hold began. With more than one (IPv4 and IPv6 sockets), the room is
+// the smallest: a released SYN goes to either.
+func (h *Held) fresh(ls []listener) map[uint16]freshPort {
+	out := map[uint16]freshPort{}
+	for _, l := range ls {
+		if h.before[l.inode] || !slices.Contains(h.ports, l.port) {
+			continue
+		}
+		// The accept queue holds backlog+1; a SYN released into a full
+		// one is dropped and its client retransmits a second later. One
+		// slot stays free for a SYN that arrives meanwhile.
+		room := int(l.backlog) - int(l.rqueue)
+		if l.rqueue == 0 {
+			room = max(room, 1)
+		}
+		f, seen := out[l.port]
+		if !seen || room < f.room {
+			f.room, f.backlog = room, int(l.backlog)
+		}
+		f.takes |= l.takes()
+		out[l.port] = f
+	}
+	return out
+}
+
+func (h *Held) needOf(port uint16) int {
+	if n := h.need[port]; n != 0 {
+		return n
+	}
+	return takesV4 // any listener takes one family at least
 }
 
 // Abort releases every port still held (accepting what is parked) and
@@ -318,14 +396,20 @@ func (h *Held) holding(port uint16) bool {
 	return !h.ended && slices.Contains(h.ports, port) && !done
 }
 
-func (h *Held) allReleased() bool {
+func (h *Held) stillHeld() []uint16 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.released) == len(h.ports)
+	var out []uint16
+	for _, p := range h.ports {
+		if _, done := h.released[p]; !done && !h.ended {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
-// releasePort deletes the port's rule, then accepts what it parked: once
-// after the reader caught up, once more for stragglers.
+// releasePort deletes the port's rule, then accepts what it parked, paced
+// to the new listener's accept queue.
 func (h *Held) releasePort(port uint16, reason string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -335,27 +419,72 @@ func (h *Held) releasePort(port uint16, reason string) {
 	h.releaseLocked(port, reason)
 }
 
+// paceFor bounds the paced release of one port: past it, whatever is still
+// parked goes in one batch (a listener that accepts nothing for that long
+// would not take them any sooner).
+const paceFor = 2 * time.Second
+
 func (h *Held) releaseLocked(port uint16, reason string) {
 	var errs []error
-	errs = append(errs, h.rs.unhold(port))
 	pr := PortResult{Port: port, Reason: reason}
+	if h.q != nil && reason == ReasonListening && !h.oneBatch {
+		// While the rule stays, a SYN that comes meanwhile is parked
+		// behind the others instead of racing them for the accept queue.
+		errs = append(errs, h.pace(port, &pr))
+	}
+	errs = append(errs, h.rs.unhold(port))
 	if h.q != nil {
+		// Let the reader see every SYN parked until the rule went; then
+		// once more for stragglers.
 		time.Sleep(settle)
-		_, err := h.q.acceptAll(h.num[port])
-		errs = append(errs, err)
+		errs = append(errs, h.pace(port, &pr))
 		time.Sleep(straggle)
-		var first time.Time
-		pr.Parked, first, err = h.q.acceptAllFirst(h.num[port])
-		errs = append(errs, err)
-		if !first.IsZero() {
-			pr.LongestWait = time.Since(first)
-		}
+		errs = append(errs, h.pace(port, &pr))
 	}
 	pr.HeldFor = time.Since(h.start)
 	h.released[port] = pr
 	if err := errors.Join(errs...); err != nil && h.result.Err == nil {
 		h.result.Err = fmt.Errorf("release port %d: %w", port, err)
 	}
+}
+
+// pace accepts the SYNs parked on port in batches that fit the new
+// listener's accept queue, reading its length (sock_diag) before each; with
+// no new listener (the limit, an abort) or OneBatch, all at once.
+func (h *Held) pace(port uint16, pr *PortResult) error {
+	num := h.num[port]
+	deadline := time.Now().Add(paceFor)
+	for h.q.pending(num) > 0 {
+		n := -1
+		if !h.oneBatch && pr.Reason == ReasonListening && time.Now().Before(deadline) {
+			ls, err := h.d.listeners()
+			if err != nil {
+				return err
+			}
+			f, ok := h.fresh(ls)[port]
+			if !ok {
+				return fmt.Errorf("port %d: the new listener went away", port) // accepted at the end
+			}
+			pr.Backlog = f.backlog
+			if n = f.room; n <= 0 {
+				time.Sleep(pollEvery / 4)
+				continue
+			}
+		}
+		got, waited, err := h.q.accept(num, n)
+		pr.Parked += got
+		pr.Batches++
+		pr.MaxBatch = max(pr.MaxBatch, got)
+		pr.LongestWait = max(pr.LongestWait, waited)
+		if err != nil {
+			return err
+		}
+		if h.q.pending(num) > 0 {
+			// Let the handshakes complete, so the next read counts them.
+			time.Sleep(pollEvery / 4)
+		}
+	}
+	return nil
 }
 
 // end releases whatever is still held with reason, removes the table and
@@ -369,6 +498,17 @@ func (h *Held) end(reason string) Result {
 	for _, p := range h.ports {
 		if _, done := h.released[p]; !done {
 			h.releaseLocked(p, reason)
+		}
+	}
+	// Whatever pacing left (its listener went away) is accepted before the
+	// table goes: removing the chain would drop it.
+	if h.q != nil {
+		for _, p := range h.ports {
+			if n, _, err := h.q.accept(h.num[p], -1); n > 0 || err != nil {
+				pr := h.released[p]
+				pr.Parked += n
+				h.released[p] = pr
+			}
 		}
 	}
 	if err := h.rs.remove(); err != nil && h.result.Err == nil {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -341,4 +342,194 @@ func TestHoldTwice(t *testing.T) {
 	if a.Mode() != ModeQueue || b.Mode() != ModeDrop || !strings.Contains(b.Why(), "nfnetlink_queue") {
 		t.Errorf("modes %s and %s (%s), want queue then drop", a.Mode(), b.Mode(), b.Why())
 	}
+}
+
+// serveSerial listens on addr ("tcp4", "tcp6" with IPV6_V6ONLY, or "tcp"
+// dual-stack on [::]) in the namespace with the given listen backlog and
+// answers one connection at a time, taking work per request: the shape of
+// busybox httpd or Python's http.server (backlog 5), whose accept queue a
+// burst of released SYNs overflows.
+func (tn *testNS) serveSerial(t *testing.T, version, network string, port, backlog int, work time.Duration) io.Closer {
+	t.Helper()
+	var fd int
+	err := inNetNS(tn.ns, func() (err error) {
+		fam := syscall.AF_INET6
+		if network == "tcp4" {
+			fam = syscall.AF_INET
+		}
+		if fd, err = syscall.Socket(fam, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		_ = syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+		var sa syscall.Sockaddr = &syscall.SockaddrInet4{Port: port}
+		if fam == syscall.AF_INET6 {
+			v6only := 0
+			if network == "tcp6" {
+				v6only = 1
+			}
+			if err := syscall.SetsockoptInt(fd, syscall.IPPROTO_IPV6, syscall.IPV6_V6ONLY, v6only); err != nil {
+				return err
+			}
+			sa = &syscall.SockaddrInet6{Port: port}
+		}
+		if err := syscall.Bind(fd, sa); err != nil {
+			return err
+		}
+		return syscall.Listen(fd, backlog)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), network)
+	l, err := net.FileListener(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = bufio.NewReader(c).ReadString('\n')
+			time.Sleep(work)
+			fmt.Fprintf(c, "HTTP/1.0 200 OK\r\n\r\n%s %s\n", version, c.RemoteAddr())
+			c.Close()
+		}
+	}()
+	return l
+}
+
+// swapUnderHold is a swap in miniature under a client dialling every 5 ms:
+// the old server stops, the new one listens gap later, the hold releases.
+// It returns the result, the dials and when the release ended, and closes
+// the new server when the test ends.
+func (tn *testNS) swapUnderHold(t *testing.T, addrs []string, port uint16, start func() io.Closer, stopOld func(), gap time.Duration, opts ...Option) (Result, []harness.Dial, time.Time) {
+	t.Helper()
+	var ds []*harness.Dialer
+	for _, a := range addrs {
+		// The first dial of an address waits for neighbour discovery:
+		// that is the test bed's, not the hold's.
+		deadline := time.Now().Add(5 * time.Second)
+		for c, err := net.DialTimeout("tcp", a, time.Second); ; c, err = net.DialTimeout("tcp", a, time.Second) {
+			if err == nil {
+				c.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the old server at %s does not answer: %v", a, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		ds = append(ds, harness.StartDialer(a))
+	}
+	time.Sleep(200 * time.Millisecond)
+	h, err := Hold(context.Background(), tn.path, []uint16{port}, ModeQueue, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Mode() != ModeQueue {
+		t.Fatalf("mode %s: %s", h.Mode(), h.Why())
+	}
+	h.Quiesce(context.Background(), 200*time.Millisecond)
+	done := make(chan Result, 1)
+	go func() { done <- h.ReleaseWhenListening(context.Background(), 5*time.Second) }()
+	stopOld()
+	time.Sleep(gap)
+	srv := start()
+	defer srv.Close()
+	res := <-done
+	released := time.Now()
+	time.Sleep(300 * time.Millisecond)
+	var as []harness.Dial
+	for _, d := range ds {
+		as = append(as, d.End()...)
+	}
+	if got := tn.tables(t); len(got) != 0 {
+		t.Errorf("tables after the hold: %v", got)
+	}
+	return res, as, released
+}
+
+// TestHoldPacedRelease: a server with a listen backlog of 5 that serves one
+// connection at a time. Released in one batch, the parked SYNs overflow its
+// accept queue and the kernel drops some (their clients come back a second
+// later); paced to the queue's room, none waits past the release.
+func TestHoldPacedRelease(t *testing.T) {
+	tn := newTestNS(t)
+	const port = 8086
+	addr := fmt.Sprintf("%s:%d", tn.podIP, port)
+	for _, c := range []struct {
+		name string
+		opts []Option
+	}{{"one batch", []Option{OneBatch()}}, {"paced", nil}} {
+		old := tn.serveSerial(t, "v1", "tcp4", port, 5, time.Millisecond)
+		res, as, released := tn.swapUnderHold(t, []string{addr}, port,
+			func() io.Closer { return tn.serveSerial(t, "v2", "tcp4", port, 5, time.Millisecond) },
+			func() { old.Close() }, 150*time.Millisecond, c.opts...)
+		s := harness.TallyDials(t, as)
+		p := res.Ports[0]
+		t.Logf("%s: parked %d in %d batches (largest %d, backlog %d), longest wait %s; client %+v",
+			c.name, p.Parked, p.Batches, p.MaxBatch, p.Backlog, p.LongestWait, s)
+		if p.Parked < 15 {
+			t.Fatalf("%s: %d parked, too few to fill a backlog of 5", c.name, p.Parked)
+		}
+		// A SYN the kernel dropped for a full queue comes back a second
+		// later; 400 ms leaves room for a loaded machine's scheduling.
+		late := len(harness.WaitedPast(as, released, 400*time.Millisecond))
+		switch c.name {
+		case "one batch":
+			t.Logf("one batch: %d connections waited past the release + 400 ms (slowest %s)", late, s.Slowest)
+		case "paced":
+			if s.Failed() > 0 || late > 0 {
+				t.Errorf("paced: %d connections came in past the release + 400 ms, client %+v", late, s)
+			}
+			if p.Batches < 3 || p.MaxBatch > 6 || p.Backlog != 5 {
+				t.Errorf("paced: %d batches of at most %d for backlog %d", p.Batches, p.MaxBatch, p.Backlog)
+			}
+		}
+	}
+}
+
+// TestHoldFamilies: the old server took IPv4 and IPv6 on two sockets
+// (0.0.0.0 and [::] with IPV6_V6ONLY); the new one opens its IPv4 socket
+// first and its IPv6 one 100 ms later. The port is released only when both
+// listen, so neither family's clients are refused.
+func TestHoldFamilies(t *testing.T) {
+	tn := newTestNS(t)
+	const port = 8087
+	if out, err := exec.Command("ip", "-n", tn.name, "addr", "add", "fd00:252::2/64", "dev", "eth0", "nodad").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	host := strings.Replace(tn.name, "inplhold", "ihh", 1)
+	if out, err := exec.Command("ip", "addr", "add", "fd00:252::1/64", "dev", host, "nodad").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	addrs := []string{fmt.Sprintf("%s:%d", tn.podIP, port), fmt.Sprintf("[fd00:252::2]:%d", port)}
+	v4 := tn.serveSerial(t, "v1", "tcp4", port, 128, 0)
+	v6 := tn.serveSerial(t, "v1", "tcp6", port, 128, 0)
+	res, as, released := tn.swapUnderHold(t, addrs, port, func() io.Closer {
+		n4 := tn.serveSerial(t, "v2", "tcp4", port, 128, 0)
+		time.Sleep(100 * time.Millisecond)
+		n6 := tn.serveSerial(t, "v2", "tcp6", port, 128, 0)
+		return closers{n4, n6}
+	}, func() { v4.Close(); v6.Close() }, 100*time.Millisecond)
+	s := harness.TallyDials(t, as)
+	t.Logf("result %+v; client %+v", res, s)
+	if s.Failed() > 0 || s.ByVersion["v2"] == 0 {
+		t.Errorf("client %+v: want no failure on either family", s)
+	}
+	// A family released before its socket listens is refused; the wait
+	// bound only catches a release that came far too late.
+	harness.CheckWaitsWithin(t, as, released, 400*time.Millisecond)
+}
+
+type closers []io.Closer
+
+func (cs closers) Close() error {
+	for _, c := range cs {
+		c.Close()
+	}
+	return nil
 }

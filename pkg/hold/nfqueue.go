@@ -49,11 +49,22 @@ type queue struct {
 	done   chan struct{}
 }
 
+// parked are the SYNs one queue parked, in the order they came (the
+// kernel numbers a queue's packets in that order, so a batch verdict up to
+// an id accepts exactly the ones before it); next is the first not yet
+// accepted.
 type parked struct {
-	maxID uint32
-	count int
-	first time.Time // when the first SYN was parked
+	syns []parkedSYN
+	next int
 }
+
+type parkedSYN struct {
+	id uint32
+	at time.Time
+}
+
+// pending is how many parked SYNs have no verdict yet.
+func (p *parked) pending() int { return len(p.syns) - p.next }
 
 func newQueue() (*queue, error) {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_NETFILTER)
@@ -174,13 +185,7 @@ func (q *queue) start() {
 					id := binary.BigEndian.Uint32(v[0:4])
 					q.mu.Lock()
 					if p := q.parked[num]; p != nil {
-						if p.count == 0 {
-							p.first = time.Now()
-						}
-						p.count++
-						if id > p.maxID {
-							p.maxID = id
-						}
+						p.syns = append(p.syns, parkedSYN{id: id, at: time.Now()})
 					}
 					q.mu.Unlock()
 				})
@@ -189,36 +194,47 @@ func (q *queue) start() {
 	}()
 }
 
-// acceptAll accepts every packet parked on queue num so far with one batch
-// verdict, and returns how many were parked in all.
-func (q *queue) acceptAll(num uint16) (int, error) {
-	n, _, err := q.acceptAllFirst(num)
-	return n, err
+// pending is how many SYNs queue num parked that have no verdict yet.
+func (q *queue) pending(num uint16) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if p := q.parked[num]; p != nil {
+		return p.pending()
+	}
+	return 0
 }
 
-// acceptAllFirst is acceptAll that also says when the first was parked.
-func (q *queue) acceptAllFirst(num uint16) (int, time.Time, error) {
+// accept accepts the next n SYNs parked on queue num (all when n < 0) with
+// one batch verdict. It returns how many it accepted and the longest any of
+// them waited.
+func (q *queue) accept(num uint16, n int) (int, time.Duration, error) {
 	q.mu.Lock()
 	p := q.parked[num]
-	if p == nil {
+	if p == nil || p.pending() == 0 || n == 0 {
 		q.mu.Unlock()
-		return 0, time.Time{}, nil
+		return 0, 0, nil
 	}
-	maxID, count, first := p.maxID, p.count, p.first
+	if n < 0 || n > p.pending() {
+		n = p.pending()
+	}
+	batch := p.syns[p.next : p.next+n]
+	p.next += n
+	var maxID uint32
+	for _, s := range batch {
+		maxID = max(maxID, s.id)
+	}
+	waited := time.Since(batch[0].at)
 	q.seq++
 	seq := q.seq
 	q.mu.Unlock()
-	if maxID == 0 {
-		return count, first, nil
-	}
 	v := binary.BigEndian.AppendUint32(nil, nfAccept)
 	v = binary.BigEndian.AppendUint32(v, maxID)
 	m := nlMsg{typ: unix.NFNL_SUBSYS_QUEUE<<8 | nfqnlMsgVerdictBatch, flags: unix.NLM_F_REQUEST, seq: seq,
 		data: append(nfgen(num), attr(nfqaVerdictHdr, v)...)}
 	if err := q.send(m.marshal()); err != nil {
-		return count, first, fmt.Errorf("nfqueue %d verdict: %w", num, err)
+		return n, waited, fmt.Errorf("nfqueue %d verdict: %w", num, err)
 	}
-	return count, first, nil
+	return n, waited, nil
 }
 
 // close stops the reader. The kernel unbinds the queues with the socket

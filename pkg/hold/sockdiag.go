@@ -14,8 +14,29 @@ type listener struct {
 	port   uint16
 	inode  uint32
 	// rqueue is the accept queue: connections the kernel completed that the
-	// application has not accepted yet.
-	rqueue uint32
+	// application has not accepted yet; backlog is its length as listen()
+	// set it (sk_max_ack_backlog: the queue holds backlog+1).
+	rqueue, backlog uint32
+	// v6only and anyAddr say which families an AF_INET6 socket takes: one
+	// bound to [::] without IPV6_V6ONLY takes IPv4 too.
+	v6only, anyAddr bool
+}
+
+// Families a listener takes connections for.
+const (
+	takesV4 = 1 << iota
+	takesV6
+)
+
+// takes is the families the listener takes.
+func (l listener) takes() int {
+	switch {
+	case l.family == unix.AF_INET:
+		return takesV4
+	case !l.v6only && l.anyAddr:
+		return takesV4 | takesV6
+	}
+	return takesV6
 }
 
 // diag is a NETLINK_SOCK_DIAG socket in one network namespace.
@@ -31,6 +52,7 @@ const (
 
 	sizeofInetDiagReqV2 = 56 // struct inet_diag_req_v2
 	sizeofInetDiagMsg   = 72 // struct inet_diag_msg
+	inetDiagSkV6Only    = 11 // INET_DIAG_SKV6ONLY: the kernel adds it for every AF_INET6 socket
 )
 
 func newDiag() (*diag, error) {
@@ -102,14 +124,35 @@ func (d *diag) dump(family uint8) ([]listener, error) {
 				if len(m.data) < sizeofInetDiagMsg {
 					continue
 				}
-				b := m.data
-				out = append(out, listener{
-					family: b[0],
-					port:   binary.BigEndian.Uint16(b[4:6]),
-					rqueue: binary.NativeEndian.Uint32(b[56:60]),
-					inode:  binary.NativeEndian.Uint32(b[68:72]),
-				})
+				out = append(out, parseListener(m.data))
 			}
 		}
 	}
+}
+
+// parseListener reads an inet_diag_msg and its attributes.
+func parseListener(b []byte) listener {
+	l := listener{
+		family:  b[0],
+		port:    binary.BigEndian.Uint16(b[4:6]),
+		anyAddr: allZero(b[8:24]),
+		rqueue:  binary.NativeEndian.Uint32(b[56:60]),
+		backlog: binary.NativeEndian.Uint32(b[60:64]),
+		inode:   binary.NativeEndian.Uint32(b[68:72]),
+	}
+	attrs(b[sizeofInetDiagMsg:], func(typ uint16, v []byte) {
+		if typ == inetDiagSkV6Only && len(v) > 0 {
+			l.v6only = v[0] != 0
+		}
+	})
+	return l
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }

@@ -144,10 +144,20 @@ func CheckWaits(tb testing.TB, ds []Dial, listened time.Time) {
 // CheckWaitsWithin is CheckWaits with another margin past the listen.
 func CheckWaitsWithin(tb testing.TB, ds []Dial, listened time.Time, margin time.Duration) {
 	tb.Helper()
+	for _, a := range WaitedPast(ds, listened, margin) {
+		tb.Errorf("connection at %s (%s) waited %s to connect: more than until the new process listened + %s (%s)",
+			a.At.Format("15:04:05.000"), a.Reply, a.Connect, margin, max(listened.Sub(a.At), 0)+margin)
+	}
+}
+
+// WaitedPast returns the connections whose handshake waited longer than
+// until listened plus margin.
+func WaitedPast(ds []Dial, listened time.Time, margin time.Duration) []Dial {
+	var out []Dial
 	for _, a := range ds {
 		if allowed := max(listened.Sub(a.At), 0) + margin; a.Err == nil && a.Connect > allowed {
-			tb.Errorf("connection at %s (%s) waited %s to connect: more than until the new process listened + %s (%s)",
-				a.At.Format("15:04:05.000"), a.Reply, a.Connect, margin, allowed)
+			out = append(out, a)
 		}
 	}
+	return out
 }
