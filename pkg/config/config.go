@@ -99,6 +99,12 @@ type Config struct {
 	// HoldMax is the longest a connection hold lasts (annotation
 	// inplaced.io/hold-max); then the port is released as it is.
 	HoldMax Duration `json:"holdMax"`
+	// RequireListeners: a swap (not kubelet-driven) whose new container has
+	// not listened by HoldMax on every port the old one listened on rolls
+	// back, keeping the held connections for the rolled-back container.
+	// Pods opt out with the annotation inplaced.io/require-listeners:
+	// "false".
+	RequireListeners bool `json:"requireListeners"`
 }
 
 // Default returns the configuration used when nothing is set.
@@ -120,6 +126,7 @@ func Default() Config {
 		Relay:            "router",
 		ConnectionHold:   "queue",
 		HoldMax:          Duration(10 * time.Second),
+		RequireListeners: true,
 	}
 }
 

@@ -152,6 +152,7 @@ func (d *daemon) newEngine(ctx context.Context) error {
 		Store: d.st, Fences: d.fences, Kubelet: d.view, Logger: d.log.Named("swap"), HealthMinRuntime: d.cfg.HealthMinRuntime.D(),
 		Observer: d.obs.swap, Puller: d.puller,
 		Holder: holder{}, ConnectionHold: d.cfg.ConnectionHold, HoldMax: d.cfg.HoldMax.D(),
+		ListenersOptional: !d.cfg.RequireListeners,
 		// The keeper is made just below, from the engine; swaps start only
 		// once both are, when serving.
 		Ready: func() error { return d.keeper.refusal() }, Admission: d.kslot.Admit, OnSwap: d.kslot.Report,

@@ -13,16 +13,16 @@ import (
 // engine stays free of netlink and testable with a fake.
 type holder struct{}
 
-func (holder) Ports(netns string, pid int, declared []uint16) ([]uint16, error) {
+func (holder) Ports(netns string, pid int, declared []uint16) (swap.HoldPorts, error) {
 	if netns == "" || pid == 0 {
-		return nil, errors.New("the backend's verbose status gives no pid or network namespace")
+		return swap.HoldPorts{}, errors.New("the backend's verbose status gives no pid or network namespace")
 	}
 	pids, err := hold.ContainerPids(pid)
 	if err != nil {
-		return nil, err
+		return swap.HoldPorts{}, err
 	}
 	p, err := hold.Discover(netns, pids, declared)
-	return p.Hold, err
+	return swap.HoldPorts{Hold: p.Hold, Listened: p.Observed}, err
 }
 
 func (holder) Hold(ctx context.Context, netns string, ports []uint16, mode string) (swap.ActiveHold, error) {
@@ -47,13 +47,19 @@ func (a activeHold) Quiesce(ctx context.Context, max time.Duration) time.Duratio
 	return a.h.Quiesce(ctx, max)
 }
 
-func (a activeHold) ReleaseWhenListening(ctx context.Context, limit time.Duration) swap.HoldResult {
-	r := a.h.ReleaseWhenListening(ctx, limit)
-	out := swap.HoldResult{Parked: int64(r.Parked()), Duration: r.Duration, Err: r.Err}
+func (a activeHold) Start() time.Time { return a.h.Start() }
+
+func (a activeHold) Listen(ctx context.Context, until time.Time) []uint16 {
+	return a.h.Listen(ctx, until)
+}
+
+func (a activeHold) End(reason string) swap.HoldResult {
+	r := a.h.End(reason)
+	out := swap.HoldResult{Duration: r.Duration, Err: r.Err, Reason: reason}
 	for _, p := range r.Ports {
-		out.Ports = append(out.Ports, p.Port)
+		out.Ports = append(out.Ports, swap.HoldPortResult{Port: p.Port, Parked: int64(p.Parked), LongestWait: p.LongestWait,
+			Reason: p.Reason, Batches: p.Batches, MaxBatch: p.MaxBatch, Backlog: p.Backlog})
 		out.LongestWait = max(out.LongestWait, p.LongestWait)
-		out.Reason = p.Reason
 	}
 	return out
 }

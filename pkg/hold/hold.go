@@ -373,6 +373,11 @@ func (h *Held) needOf(port uint16) int {
 // removes the table. It is safe at any time and more than once.
 func (h *Held) Abort() Result { return h.end(ReasonAborted) }
 
+// End releases every port still held with reason (ReasonLimit,
+// ReasonAborted) and removes the table; a port released before keeps its
+// own reason. Safe more than once.
+func (h *Held) End(reason string) Result { return h.end(reason) }
+
 // Result is the hold's result so far (final once released).
 func (h *Held) Result() Result {
 	h.mu.Lock()

@@ -23,6 +23,10 @@ const (
 	EventSwapCommitted  = "InPlaceSwapCommitted"
 	EventSwapFailed     = "InPlaceSwapFailed"
 	EventSwapRolledBack = "InPlaceSwapRolledBack"
+	// EventNeverListened: the new container of a committed swap had not
+	// listened by the hold's limit on a port the old one listened on (a
+	// kubelet-driven swap, or a pod that opted out of the rollback).
+	EventNeverListened = "InPlaceSwapNeverListened"
 )
 
 // CallerAnnotation describes who asked for an annotation-driven swap.
@@ -436,6 +440,10 @@ func (c *Controller) Report(n swap.SwapNews) {
 		case StateCommitted:
 			c.event(pod, corev1.EventTypeNormal, EventSwapCommitted, "container %s swapped in place (%s → %s, %s), downtime %s%s",
 				rec.Container, rec.From.GetImage(), rec.To.GetImage(), callerOf(rec), time.Duration(rec.DowntimeNs).Round(time.Millisecond), holdNote(rec))
+			if never := rec.GetHold().GetNeverListened(); len(never) > 0 {
+				c.event(pod, corev1.EventTypeWarning, EventNeverListened, "container %s (%s) did not listen on port %v within the connection hold's limit; the old container did",
+					rec.Container, rec.To.GetImage(), never)
+			}
 		case StateRolledBack:
 			c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "in-place swap of container %s failed (%s): %s", rec.Container, callerOf(rec), rec.Error)
 			c.event(pod, corev1.EventTypeWarning, EventSwapRolledBack, "container %s rolled back: the old configuration runs again%s", rec.Container, holdNote(rec))

@@ -59,9 +59,10 @@ type Engine struct {
 	obs    Observer
 	puller Puller
 
-	holder   Holder
-	holdMode string
-	holdMax  time.Duration
+	holder            Holder
+	holdMode          string
+	holdMax           time.Duration
+	listenersOptional bool
 
 	mu   sync.Mutex
 	runs map[string]*run // running swaps, for WatchSwap
@@ -90,6 +91,12 @@ type Options struct {
 	Holder         Holder
 	ConnectionHold string
 	HoldMax        time.Duration
+	// ListenersOptional lets a swap commit whose new container has not
+	// listened by HoldMax on every port the old one listened on; by
+	// default (false) such a swap rolls back. Pods opt out by annotation
+	// (inplaced.io/require-listeners: "false"); kubelet-driven swaps never
+	// roll back for it.
+	ListenersOptional bool
 	// Ready (optional) is checked first at every swap start, before
 	// anything is read or touched (package daemon: the state store must be
 	// usable); its error goes back to the caller as it is.
@@ -134,7 +141,7 @@ func New(o Options) (*Engine, error) {
 		rt: o.Runtime, img: o.Images, store: o.Store, journal: o.Store, fences: o.Fences, kubelet: o.Kubelet, log: log,
 		minRuntime: o.HealthMinRuntime, crashAfter: os.Getenv(CrashAfterEnv),
 		now: time.Now, runs: map[string]*run{}, obs: obs, puller: o.Puller,
-		holder: o.Holder, holdMode: mode, holdMax: holdMax,
+		holder: o.Holder, holdMode: mode, holdMax: holdMax, listenersOptional: o.ListenersOptional,
 		ready: o.Ready, admit: o.Admission, onSwap: o.OnSwap,
 	}, nil
 }

@@ -121,7 +121,7 @@ var actions = map[action]func(r *run) error{
 	actStopOldKube:   func(r *run) error { return r.stopOld(r.kube.stopTimeout) }, // kubelet already ran preStop and took its time off
 	actStartNew:      (*run).doStartNew,
 	actPostStart:     func(r *run) error { return r.runHandler(r.ctx, r.newID, r.opts.GetPostStart(), r.gracePeriod()) },
-	actHealthGate:    func(r *run) error { return r.healthGate(r.ctx, r.newID) },
+	actHealthGate:    (*run).doHealthGate,
 	actCommit:        func(r *run) error { return r.logCommit(r.commit()) },
 	actCommitRevert:  func(r *run) error { return r.logCommit(r.dropOverride()) },
 	actCommitKubelet: func(r *run) error { return r.logCommit(r.kubeletCommit()) },
@@ -229,6 +229,15 @@ func (r *run) stopOld(timeout int64) error {
 	r.stopped = err == nil
 	r.downStart = r.e.now()
 	return err
+}
+
+// doHealthGate waits for the new container to prove healthy: the request's
+// checks, then a listener on every port the old container listened on.
+func (r *run) doHealthGate() error {
+	if err := r.healthGate(r.ctx, r.newID); err != nil {
+		return err
+	}
+	return r.awaitListeners(r.ctx)
 }
 
 func (r *run) doStartNew() error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,6 +20,10 @@ import (
 const (
 	AnnotationConnectionHold = "inplaced.io/connection-hold"
 	AnnotationHoldMax        = "inplaced.io/hold-max"
+	// AnnotationRequireListeners "false" lets a swap commit whose new
+	// container has not listened by the hold's limit on every port the old
+	// one listened on (by default it rolls back).
+	AnnotationRequireListeners = "inplaced.io/require-listeners"
 )
 
 // Connection hold modes, as --connection-hold and the annotation spell them.
@@ -43,7 +48,7 @@ type Holder interface {
 	// Ports finds the TCP ports to hold: those the container's processes
 	// (pid is its init) listen on in netns, and declared ports nobody else
 	// in the pod listens on.
-	Ports(netns string, pid int, declared []uint16) ([]uint16, error)
+	Ports(netns string, pid int, declared []uint16) (HoldPorts, error)
 	// Hold installs the hold. The mode in place may be weaker than asked
 	// (queue → drop); ActiveHold says which and why.
 	Hold(ctx context.Context, netns string, ports []uint16, mode string) (ActiveHold, error)
@@ -51,41 +56,89 @@ type Holder interface {
 	Remove(netns string) ([]string, error)
 }
 
+// HoldPorts are the ports Holder.Ports found.
+type HoldPorts struct {
+	// Hold are the ports to hold; Listened those of them the container's
+	// processes listen on (the others are only declared).
+	Hold, Listened []uint16
+}
+
 // ActiveHold is a hold in place.
 type ActiveHold interface {
 	Mode() string
 	Why() string
+	// Start is when the hold was in place.
+	Start() time.Time
 	// Quiesce waits (at most max) until the old listener's accept queue is
 	// empty, so the stop resets no connection the kernel completed.
 	Quiesce(ctx context.Context, max time.Duration) time.Duration
-	// ReleaseWhenListening releases each port when a new socket listens on
-	// it, and the rest at max (counted from the install) or when ctx ends.
-	ReleaseWhenListening(ctx context.Context, max time.Duration) HoldResult
+	// Listen releases each port when new sockets listen on it, until every
+	// port is released, until passes or ctx ends; it returns the ports
+	// still held (they stay parked).
+	Listen(ctx context.Context, until time.Time) (missing []uint16)
+	// End releases what is still held with reason and removes the hold.
+	End(reason string) HoldResult
 }
 
 // HoldResult is how a hold ended.
 type HoldResult struct {
-	Ports       []uint16
-	Parked      int64
+	Ports       []HoldPortResult
 	Duration    time.Duration
 	LongestWait time.Duration
 	Reason      string // listening, limit or aborted (the last port's)
 	Err         error
 }
 
+// HoldPortResult is how one port's hold ended.
+type HoldPortResult struct {
+	Port                       uint16
+	Parked                     int64
+	LongestWait                time.Duration
+	Reason                     string
+	Batches, MaxBatch, Backlog int
+}
+
+// Parked sums the SYNs parked on every port.
+func (r HoldResult) Parked() int64 {
+	var n int64
+	for _, p := range r.Ports {
+		n += p.Parked
+	}
+	return n
+}
+
+// Release reasons of a hold (HoldResult.Reason).
+const (
+	HoldReleasedListening = "listening"
+	HoldReleasedLimit     = "limit"
+	HoldReleasedAborted   = "aborted"
+)
+
 // holdPlan is what the engine will do about connections for one swap.
 type holdPlan struct {
 	mode string
 	max  time.Duration
 	why  string // why off, or what was ignored
+	// requireListeners: the new container must listen by max on every port
+	// the old one listened on, or the swap rolls back.
+	requireListeners bool
 }
 
 // planHold decides the mode and limit from the engine's defaults and the
 // pod's annotations: decide, then do (no side effect here).
 func planHold(defMode string, defMax time.Duration, haveHolder bool, sb *runtimeapi.PodSandboxConfig) holdPlan {
-	p := holdPlan{mode: defMode, max: defMax}
+	p := holdPlan{mode: defMode, max: defMax, requireListeners: true}
 	var notes []string
 	a := sb.GetAnnotations()
+	if v, ok := a[AnnotationRequireListeners]; ok {
+		switch strings.TrimSpace(strings.ToLower(v)) {
+		case "false":
+			p.requireListeners = false
+		case "true":
+		default:
+			notes = append(notes, fmt.Sprintf("annotation %s=%q ignored: use \"true\" or \"false\"", AnnotationRequireListeners, v))
+		}
+	}
 	explicit := false
 	if v, ok := a[AnnotationConnectionHold]; ok {
 		switch m := strings.TrimSpace(strings.ToLower(v)); m {
@@ -158,11 +211,16 @@ func procInfo(st *runtimeapi.ContainerStatusResponse, sb sandboxIdentity) (pid i
 
 // connectionHold decides what the swap does about new connections: the
 // engine's defaults and the pod's annotations (planHold), and no hold where
-// the sandbox runs a network stack of its own.
+// the sandbox runs a network stack of its own. A kubelet-driven swap never
+// rolls back for a port (kubelet's probes judge the spec's image): its
+// record and the pod's events say so instead.
 func (r *run) connectionHold() holdPlan {
 	plan := planHold(r.e.holdMode, r.e.holdMax, r.e.holder != nil, r.oldReq.SandboxConfig)
 	if why := ownNetworkStack(r.t.identity); why != "" && plan.mode != HoldOff {
 		plan.mode, plan.why = HoldOff, why
+	}
+	if r.rec.Kind == KindKubelet || r.e.listenersOptional {
+		plan.requireListeners = false
 	}
 	return plan
 }
@@ -176,38 +234,105 @@ func (r *run) recordNoHold() error {
 // holdConnections is the hold step, just before the old container stops:
 // it finds the container's ports, journals them (so that a crash leaves a
 // table recovery can remove), installs the hold, waits for the old process
-// to stop accepting, and lets a goroutine release each port once a new
-// listener appears (endHold collects the result). Nothing it does can fail
-// the swap: without a hold the swap runs as it would otherwise.
+// to stop accepting, and lets a goroutine release each port once new
+// sockets listen on it (watchHold). Nothing it does can fail the swap:
+// without a hold the swap runs as it would otherwise.
 func (r *run) holdConnections() error {
 	rec := &inplacedv1.HoldRecord{Mode: HoldOff, Why: r.hold.why}
 	r.rec.Hold = rec
-	h, err := r.installHold(rec)
+	h, listened, err := r.installHold(rec)
 	if h == nil {
 		return err
 	}
 	r.holdDone = make(chan HoldResult, 1)
-	ctx, limit := r.ctx, r.hold.max
-	go func() {
-		res := h.ReleaseWhenListening(ctx, limit)
-		r.emit(StepHold, fmt.Sprintf("released %v after %s (%s): %d connection attempts parked", res.Ports,
-			res.Duration.Round(time.Millisecond), res.Reason, res.Parked))
-		r.holdDone <- res
-	}()
+	r.listeners = make(chan []uint16, 1)
+	r.holdListened = listened
+	go r.watchHold(r.ctx, h)
 	return nil
 }
 
+// watchHold releases each port when the new container listens on it. At
+// the limit, the ports the old container listened on and the new one has
+// not are the swap's verdict (listeners): when the swap must roll back for
+// them they stay held, so that the rolled-back container's listener takes
+// the parked SYNs, for one more limit at most. The rest are released.
+func (r *run) watchHold(ctx context.Context, h ActiveHold) {
+	missing := h.Listen(ctx, h.Start().Add(r.hold.max))
+	var never []uint16
+	for _, p := range missing {
+		if slices.Contains(r.holdListened, p) {
+			never = append(never, p)
+		}
+	}
+	r.neverListened = never
+	if r.hold.requireListeners {
+		r.listeners <- never
+		if len(never) > 0 && ctx.Err() == nil {
+			missing = h.Listen(ctx, time.Now().Add(r.hold.max))
+		}
+	} else {
+		r.listeners <- nil
+	}
+	reason := HoldReleasedListening
+	switch {
+	case ctx.Err() != nil:
+		reason = HoldReleasedAborted
+	case len(missing) > 0:
+		reason = HoldReleasedLimit
+	}
+	res := h.End(reason)
+	r.emit(StepHold, fmt.Sprintf("released %s after %s (%s): %d connection attempts parked", portList(res.Ports),
+		res.Duration.Round(time.Millisecond), res.Reason, res.Parked()))
+	r.holdDone <- res
+}
+
+// awaitListeners is the health gate's part of the hold: the new container
+// must listen on every port the old one listened on by the hold's limit.
+func (r *run) awaitListeners(ctx context.Context) error {
+	if r.listeners == nil || !r.hold.requireListeners {
+		return nil
+	}
+	select {
+	case never := <-r.listeners:
+		if len(never) > 0 {
+			return fmt.Errorf("the new container did not listen on port %s within %s (the old one did; the pod opts out with %s: \"false\")",
+				joinPorts(never), r.hold.max, AnnotationRequireListeners)
+		}
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+func joinPorts(ports []uint16) string {
+	s := make([]string, len(ports))
+	for i, p := range ports {
+		s[i] = fmt.Sprint(p)
+	}
+	return strings.Join(s, ", ")
+}
+
+func portList(ps []HoldPortResult) string {
+	ports := make([]uint16, len(ps))
+	for i, p := range ps {
+		ports[i] = p.Port
+	}
+	return "[" + joinPorts(ports) + "]"
+}
+
 // installHold installs the hold on the container's ports, if it listens on
-// any; nil when there is nothing to hold or it failed (rec says why).
-func (r *run) installHold(rec *inplacedv1.HoldRecord) (ActiveHold, error) {
-	ports, err := r.e.holder.Ports(r.t.netns, r.t.pid, declaredPorts(r.oldReq.Config))
+// any; nil when there is nothing to hold or it failed (rec says why). It
+// also returns the ports the old container listened on.
+func (r *run) installHold(rec *inplacedv1.HoldRecord) (ActiveHold, []uint16, error) {
+	found, err := r.e.holder.Ports(r.t.netns, r.t.pid, declaredPorts(r.oldReq.Config))
 	if err != nil {
 		rec.Why = fmt.Sprintf("finding the ports failed: %v", err)
-		return nil, err
+		return nil, nil, err
 	}
+	ports := found.Hold
 	if len(ports) == 0 {
 		rec.Why = "the container listens on no TCP port and declares none (or only ports another container listens on)"
-		return nil, nil
+		return nil, nil, nil
 	}
 	for _, p := range ports {
 		rec.Ports = append(rec.Ports, uint32(p))
@@ -215,17 +340,17 @@ func (r *run) installHold(rec *inplacedv1.HoldRecord) (ActiveHold, error) {
 	r.j.Hold = &store.JournalHold{NetNS: r.t.netns, Ports: ports, Mode: r.hold.mode}
 	if err := r.journal(r.j.Step); err != nil {
 		rec.Why = err.Error()
-		return nil, err
+		return nil, nil, err
 	}
 	h, err := r.e.holder.Hold(r.ctx, r.t.netns, ports, r.hold.mode)
 	if err != nil {
 		rec.Why = fmt.Sprintf("installing the hold failed: %v", err)
-		return nil, err
+		return nil, nil, err
 	}
-	rec.StartedUnixNano = r.e.now().UnixNano()
+	rec.StartedUnixNano = h.Start().UnixNano()
 	rec.Mode, rec.Why = h.Mode(), strings.Trim(r.hold.why+"; "+h.Why(), "; ")
 	rec.QuiesceNs = int64(h.Quiesce(r.ctx, quiesceMax))
-	return h, nil
+	return h, found.Listened, nil
 }
 
 // endHold waits for the hold's release (bounded by its limit) and records
@@ -237,13 +362,21 @@ func (r *run) endHold() {
 	res := <-r.holdDone
 	r.holdDone = nil
 	h := r.rec.Hold
-	h.DurationNs, h.Parked, h.Reason, h.LongestWaitNs = int64(res.Duration), res.Parked, res.Reason, int64(res.LongestWait)
+	h.DurationNs, h.Parked, h.Reason, h.LongestWaitNs = int64(res.Duration), res.Parked(), res.Reason, int64(res.LongestWait)
+	for _, p := range res.Ports {
+		h.PortResults = append(h.PortResults, &inplacedv1.HoldPort{Port: uint32(p.Port), Parked: p.Parked,
+			LongestWaitNs: int64(p.LongestWait), Reason: p.Reason, Batches: int32(p.Batches), MaxBatch: int32(p.MaxBatch),
+			Backlog: int32(p.Backlog), Listened: slices.Contains(r.holdListened, p.Port)})
+	}
+	for _, p := range r.neverListened {
+		h.NeverListened = append(h.NeverListened, uint32(p))
+	}
 	if res.Err != nil {
 		h.Why = strings.Trim(h.Why+"; release: "+res.Err.Error(), "; ")
 	}
-	r.log.Info("connection hold ended", zap.String("mode", h.Mode), zap.Any("ports", res.Ports),
-		zap.Duration("held", res.Duration), zap.Int64("parked", res.Parked), zap.String("reason", res.Reason),
-		zap.Duration("longest_wait", res.LongestWait))
+	r.log.Info("connection hold ended", zap.String("mode", h.Mode), zap.String("ports", portList(res.Ports)),
+		zap.Duration("held", res.Duration), zap.Int64("parked", res.Parked()), zap.String("reason", res.Reason),
+		zap.Duration("longest_wait", res.LongestWait), zap.Uint32s("never_listened", h.NeverListened))
 }
 
 // recoverHold removes the table of a hold a crashed inplaced left behind

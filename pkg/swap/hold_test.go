@@ -25,6 +25,7 @@ func TestPlanHold(t *testing.T) {
 		linux     *runtimeapi.LinuxPodSandboxConfig
 		mode, why string
 		max       time.Duration
+		optional  bool
 	}{
 		{name: "default", def: HoldQueue, holder: true, mode: HoldQueue, max: 10 * time.Second},
 		{name: "flag off", def: HoldOff, holder: true, mode: HoldOff, why: "--connection-hold=off", max: 10 * time.Second},
@@ -39,10 +40,14 @@ func TestPlanHold(t *testing.T) {
 		{name: "hostNetwork opted in", def: HoldQueue, holder: true, linux: hostNet,
 			ann: map[string]string{AnnotationConnectionHold: "queue"}, mode: HoldQueue, max: 10 * time.Second},
 		{name: "no holder", def: HoldQueue, mode: HoldOff, why: "no connection holder", max: 10 * time.Second},
+		{name: "listeners optional", def: HoldQueue, holder: true, ann: map[string]string{AnnotationRequireListeners: "false"},
+			mode: HoldQueue, max: 10 * time.Second, optional: true},
+		{name: "bad require-listeners", def: HoldQueue, holder: true, ann: map[string]string{AnnotationRequireListeners: "no"},
+			mode: HoldQueue, max: 10 * time.Second, why: `inplaced.io/require-listeners="no" ignored`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := planHold(tc.def, 10*time.Second, tc.holder, &runtimeapi.PodSandboxConfig{Annotations: tc.ann, Linux: tc.linux})
-			if p.mode != tc.mode || p.max != tc.max || !strings.Contains(p.why, tc.why) || (tc.why == "" && p.why != "") {
+			if p.mode != tc.mode || p.max != tc.max || p.requireListeners == tc.optional || !strings.Contains(p.why, tc.why) || (tc.why == "" && p.why != "") {
 				t.Errorf("planHold = %+v, want mode %s, max %s, why containing %q", p, tc.mode, tc.max, tc.why)
 			}
 		})
@@ -78,10 +83,15 @@ type fakeHolder struct {
 	journaled     bool // the journal had the hold when Hold was called
 	heldMode      string
 	releaseResult HoldResult
+	// missing is what each Listen returns in turn (nil past the end).
+	missing [][]uint16
+	active  *fakeActive
 }
 
-func (f *fakeHolder) Ports(string, int, []uint16) ([]uint16, error) { return []uint16{8080}, nil }
-func (f *fakeHolder) Remove(string) ([]string, error)               { return nil, nil }
+func (f *fakeHolder) Ports(string, int, []uint16) (HoldPorts, error) {
+	return HoldPorts{Hold: []uint16{8080}, Listened: []uint16{8080}}, nil
+}
+func (f *fakeHolder) Remove(string) ([]string, error) { return nil, nil }
 func (f *fakeHolder) Hold(_ context.Context, _ string, ports []uint16, mode string) (ActiveHold, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -92,24 +102,52 @@ func (f *fakeHolder) Hold(_ context.Context, _ string, ports []uint16, mode stri
 	if f.err != nil {
 		return nil, f.err
 	}
-	return fakeActive{mode: mode, res: f.releaseResult}, nil
+	f.active = &fakeActive{mode: mode, res: f.releaseResult, missing: f.missing}
+	return f.active, nil
 }
 
 type fakeActive struct {
 	mode string
 	res  HoldResult
+
+	mu        sync.Mutex
+	missing   [][]uint16
+	listens   int
+	endReason string
 }
 
-func (a fakeActive) Mode() string                                         { return a.mode }
-func (a fakeActive) Why() string                                          { return "" }
-func (a fakeActive) Quiesce(context.Context, time.Duration) time.Duration { return time.Millisecond }
-func (a fakeActive) ReleaseWhenListening(context.Context, time.Duration) HoldResult {
-	return a.res
+func (a *fakeActive) Mode() string                                         { return a.mode }
+func (a *fakeActive) Why() string                                          { return "" }
+func (a *fakeActive) Start() time.Time                                     { return time.Now() }
+func (a *fakeActive) Quiesce(context.Context, time.Duration) time.Duration { return time.Millisecond }
+func (a *fakeActive) Listen(context.Context, time.Time) []uint16 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.listens++
+	if a.listens > len(a.missing) {
+		return nil
+	}
+	return a.missing[a.listens-1]
+}
+func (a *fakeActive) End(reason string) HoldResult {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.endReason = reason
+	r := a.res
+	r.Reason = reason
+	return r
+}
+
+func (a *fakeActive) calls() (int, string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.listens, a.endReason
 }
 
 func TestSwapHoldsConnections(t *testing.T) {
 	e := newEnv(t)
-	f := &fakeHolder{e: e, releaseResult: HoldResult{Ports: []uint16{8080}, Parked: 31, Duration: 160 * time.Millisecond, Reason: "listening"}}
+	f := &fakeHolder{e: e, releaseResult: HoldResult{Duration: 160 * time.Millisecond,
+		Ports: []HoldPortResult{{Port: 8080, Parked: 31, Reason: "listening", Batches: 7, MaxBatch: 5, Backlog: 5}}}}
 	e.eng.holder = f
 	e.create(t, e.containerReq(0), true)
 	rec := e.swap(t, &inplacedv1.Change{Image: strp("registry.local/app:v2")}, nil)
@@ -133,6 +171,12 @@ func TestSwapHoldsConnections(t *testing.T) {
 	h := rec.Hold
 	if h == nil || h.Mode != HoldQueue || fmt.Sprint(h.Ports) != "[8080]" || h.Parked != 31 || h.Reason != "listening" || h.DurationNs != int64(160*time.Millisecond) {
 		t.Errorf("hold record %v", h)
+	}
+	if len(h.PortResults) != 1 || h.PortResults[0].Batches != 7 || h.PortResults[0].Backlog != 5 || !h.PortResults[0].Listened || len(h.NeverListened) != 0 {
+		t.Errorf("per port %v, never listened %v", h.PortResults, h.NeverListened)
+	}
+	if got := h.Summary(); !strings.Contains(got, "8080: 31 parked, 7 batches of at most 5 (backlog 5), released: listening") {
+		t.Errorf("summary %q", got)
 	}
 	if !strings.Contains(stepNames(rec), StepHold) {
 		t.Errorf("steps %s: no %s", stepNames(rec), StepHold)
@@ -162,5 +206,57 @@ func TestSwapHoldOffByAnnotation(t *testing.T) {
 	rec := e.swap(t, &inplacedv1.Change{Image: strp("registry.local/app:v2")}, nil)
 	if f.heldMode != "" || rec.Hold.GetMode() != HoldOff || !strings.Contains(rec.Hold.GetWhy(), "annotation") {
 		t.Errorf("held %q, record %v", f.heldMode, rec.Hold)
+	}
+}
+
+// A new container that never listens on the old one's port by the hold's
+// limit fails the health gate: the swap rolls back, and the port stays
+// held until the rolled-back container listens (the second Listen).
+func TestSwapRollsBackWhenNeverListening(t *testing.T) {
+	e := newEnv(t)
+	f := &fakeHolder{e: e, missing: [][]uint16{{8080}}}
+	e.eng.holder = f
+	e.create(t, e.containerReq(0), true)
+	rec := e.swap(t, &inplacedv1.Change{Image: strp("registry.local/app:v2")}, nil)
+	e.settled(t, rec)
+	if rec.State != inplacedv1.SwapState_SWAP_STATE_FAILED || !strings.Contains(rec.Error, "did not listen on port 8080") || !strings.Contains(rec.Error, "rolled back") {
+		t.Fatalf("state %s: %s", rec.State, rec.Error)
+	}
+	if listens, reason := f.active.calls(); listens != 2 || reason != HoldReleasedListening {
+		t.Errorf("Listen called %d times, ended %q: want the port held on until the rolled-back container listened", listens, reason)
+	}
+	if fmt.Sprint(rec.Hold.GetNeverListened()) != "[8080]" {
+		t.Errorf("never listened %v", rec.Hold.GetNeverListened())
+	}
+}
+
+// With the pod's opt-out, the same swap commits and the record says which
+// port never came; the rest is released at the limit.
+func TestSwapNeverListeningOptOut(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ann  map[string]string
+		opt  bool
+	}{{"annotation", map[string]string{AnnotationRequireListeners: "false"}, false}, {"engine option", nil, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.eng.listenersOptional = c.opt
+			f := &fakeHolder{e: e, missing: [][]uint16{{8080}}}
+			e.eng.holder = f
+			req := e.containerReq(0)
+			req.SandboxConfig.Annotations = c.ann
+			e.create(t, req, true)
+			rec := e.swap(t, &inplacedv1.Change{Image: strp("registry.local/app:v2")}, nil)
+			e.settled(t, rec)
+			if rec.State != inplacedv1.SwapState_SWAP_STATE_COMMITTED {
+				t.Fatalf("state %s: %s", rec.State, rec.Error)
+			}
+			if listens, reason := f.active.calls(); listens != 1 || reason != HoldReleasedLimit {
+				t.Errorf("Listen called %d times, ended %q", listens, reason)
+			}
+			if fmt.Sprint(rec.Hold.GetNeverListened()) != "[8080]" || !strings.Contains(rec.Hold.Summary(), "never listened on 8080") {
+				t.Errorf("record %v", rec.Hold)
+			}
+		})
 	}
 }

@@ -63,6 +63,12 @@ type run struct {
 	// holdDone delivers the hold's result (nil: no hold).
 	hold     holdPlan
 	holdDone chan HoldResult
+	// listeners delivers, once, the ports the old container listened on
+	// that the new one had not by the hold's limit (watchHold);
+	// neverListened keeps them for the record, holdListened are the ports
+	// the old container listened on.
+	listeners                   chan []uint16
+	neverListened, holdListened []uint16
 
 	// The execution's state, owned by the run's goroutine (exec.go): the
 	// context (the fence's once it is taken), how the fence is released,

@@ -1228,8 +1228,13 @@ type HoldRecord struct {
 	LongestWaitNs   int64                  `protobuf:"varint,7,opt,name=longest_wait_ns,json=longestWaitNs,proto3" json:"longest_wait_ns,omitempty"`       // first parked SYN → its release
 	QuiesceNs       int64                  `protobuf:"varint,8,opt,name=quiesce_ns,json=quiesceNs,proto3" json:"quiesce_ns,omitempty"`                     // waiting for the old listener's accept queue
 	StartedUnixNano int64                  `protobuf:"varint,9,opt,name=started_unix_nano,json=startedUnixNano,proto3" json:"started_unix_nano,omitempty"` // when the hold was in place
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	PortResults     []*HoldPort            `protobuf:"bytes,10,rep,name=port_results,json=portResults,proto3" json:"port_results,omitempty"`               // how each port's hold ended
+	// the ports the old container listened on that the new one had not
+	// listened on by the hold's limit (the swap rolls back for them unless
+	// the pod opts out: --require-listeners, inplaced.io/require-listeners)
+	NeverListened []uint32 `protobuf:"varint,11,rep,packed,name=never_listened,json=neverListened,proto3" json:"never_listened,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HoldRecord) Reset() {
@@ -1325,6 +1330,121 @@ func (x *HoldRecord) GetStartedUnixNano() int64 {
 	return 0
 }
 
+func (x *HoldRecord) GetPortResults() []*HoldPort {
+	if x != nil {
+		return x.PortResults
+	}
+	return nil
+}
+
+func (x *HoldRecord) GetNeverListened() []uint32 {
+	if x != nil {
+		return x.NeverListened
+	}
+	return nil
+}
+
+// HoldPort is how the hold of one port ended.
+type HoldPort struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Port          uint32                 `protobuf:"varint,1,opt,name=port,proto3" json:"port,omitempty"`
+	Parked        int64                  `protobuf:"varint,2,opt,name=parked,proto3" json:"parked,omitempty"`                                      // SYNs parked (retransmits count)
+	LongestWaitNs int64                  `protobuf:"varint,3,opt,name=longest_wait_ns,json=longestWaitNs,proto3" json:"longest_wait_ns,omitempty"` // the longest a parked SYN waited for its release
+	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`                                       // listening, limit, aborted
+	Batches       int32                  `protobuf:"varint,5,opt,name=batches,proto3" json:"batches,omitempty"`                                    // verdicts that released the parked SYNs
+	MaxBatch      int32                  `protobuf:"varint,6,opt,name=max_batch,json=maxBatch,proto3" json:"max_batch,omitempty"`                  // the largest of them
+	Backlog       int32                  `protobuf:"varint,7,opt,name=backlog,proto3" json:"backlog,omitempty"`                                    // the new listener's backlog they were paced to (0: none)
+	Listened      bool                   `protobuf:"varint,8,opt,name=listened,proto3" json:"listened,omitempty"`                                  // the old container listened on it (not only declared)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldPort) Reset() {
+	*x = HoldPort{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldPort) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldPort) ProtoMessage() {}
+
+func (x *HoldPort) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldPort.ProtoReflect.Descriptor instead.
+func (*HoldPort) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *HoldPort) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *HoldPort) GetParked() int64 {
+	if x != nil {
+		return x.Parked
+	}
+	return 0
+}
+
+func (x *HoldPort) GetLongestWaitNs() int64 {
+	if x != nil {
+		return x.LongestWaitNs
+	}
+	return 0
+}
+
+func (x *HoldPort) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *HoldPort) GetBatches() int32 {
+	if x != nil {
+		return x.Batches
+	}
+	return 0
+}
+
+func (x *HoldPort) GetMaxBatch() int32 {
+	if x != nil {
+		return x.MaxBatch
+	}
+	return 0
+}
+
+func (x *HoldPort) GetBacklog() int32 {
+	if x != nil {
+		return x.Backlog
+	}
+	return 0
+}
+
+func (x *HoldPort) GetListened() bool {
+	if x != nil {
+		return x.Listened
+	}
+	return false
+}
+
 type SwapEvent struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SwapId        string                 `protobuf:"bytes,1,opt,name=swap_id,json=swapId,proto3" json:"swap_id,omitempty"`
@@ -1339,7 +1459,7 @@ type SwapEvent struct {
 
 func (x *SwapEvent) Reset() {
 	*x = SwapEvent{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[13]
+	mi := &file_inplaced_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1471,7 @@ func (x *SwapEvent) String() string {
 func (*SwapEvent) ProtoMessage() {}
 
 func (x *SwapEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[13]
+	mi := &file_inplaced_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1484,7 @@ func (x *SwapEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SwapEvent.ProtoReflect.Descriptor instead.
 func (*SwapEvent) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SwapEvent) GetSwapId() string {
@@ -1418,7 +1538,7 @@ type WatchSwapRequest struct {
 
 func (x *WatchSwapRequest) Reset() {
 	*x = WatchSwapRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[14]
+	mi := &file_inplaced_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1430,7 +1550,7 @@ func (x *WatchSwapRequest) String() string {
 func (*WatchSwapRequest) ProtoMessage() {}
 
 func (x *WatchSwapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[14]
+	mi := &file_inplaced_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1443,7 +1563,7 @@ func (x *WatchSwapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSwapRequest.ProtoReflect.Descriptor instead.
 func (*WatchSwapRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{14}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchSwapRequest) GetId() string {
@@ -1462,7 +1582,7 @@ type GetSwapRequest struct {
 
 func (x *GetSwapRequest) Reset() {
 	*x = GetSwapRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[15]
+	mi := &file_inplaced_v1_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1594,7 @@ func (x *GetSwapRequest) String() string {
 func (*GetSwapRequest) ProtoMessage() {}
 
 func (x *GetSwapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[15]
+	mi := &file_inplaced_v1_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1607,7 @@ func (x *GetSwapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSwapRequest.ProtoReflect.Descriptor instead.
 func (*GetSwapRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{15}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetSwapRequest) GetId() string {
@@ -1506,7 +1626,7 @@ type ListSwapsRequest struct {
 
 func (x *ListSwapsRequest) Reset() {
 	*x = ListSwapsRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[16]
+	mi := &file_inplaced_v1_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1518,7 +1638,7 @@ func (x *ListSwapsRequest) String() string {
 func (*ListSwapsRequest) ProtoMessage() {}
 
 func (x *ListSwapsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[16]
+	mi := &file_inplaced_v1_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1531,7 +1651,7 @@ func (x *ListSwapsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSwapsRequest.ProtoReflect.Descriptor instead.
 func (*ListSwapsRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{16}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListSwapsRequest) GetTarget() *Target {
@@ -1550,7 +1670,7 @@ type ListSwapsResponse struct {
 
 func (x *ListSwapsResponse) Reset() {
 	*x = ListSwapsResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[17]
+	mi := &file_inplaced_v1_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1562,7 +1682,7 @@ func (x *ListSwapsResponse) String() string {
 func (*ListSwapsResponse) ProtoMessage() {}
 
 func (x *ListSwapsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[17]
+	mi := &file_inplaced_v1_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1575,7 +1695,7 @@ func (x *ListSwapsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSwapsResponse.ProtoReflect.Descriptor instead.
 func (*ListSwapsResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{17}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListSwapsResponse) GetSwaps() []*SwapRecord {
@@ -1595,7 +1715,7 @@ type RevertRequest struct {
 
 func (x *RevertRequest) Reset() {
 	*x = RevertRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[18]
+	mi := &file_inplaced_v1_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +1727,7 @@ func (x *RevertRequest) String() string {
 func (*RevertRequest) ProtoMessage() {}
 
 func (x *RevertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[18]
+	mi := &file_inplaced_v1_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +1740,7 @@ func (x *RevertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevertRequest.ProtoReflect.Descriptor instead.
 func (*RevertRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{18}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RevertRequest) GetTarget() *Target {
@@ -1653,7 +1773,7 @@ type Override struct {
 
 func (x *Override) Reset() {
 	*x = Override{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[19]
+	mi := &file_inplaced_v1_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1665,7 +1785,7 @@ func (x *Override) String() string {
 func (*Override) ProtoMessage() {}
 
 func (x *Override) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[19]
+	mi := &file_inplaced_v1_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1678,7 +1798,7 @@ func (x *Override) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Override.ProtoReflect.Descriptor instead.
 func (*Override) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{19}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Override) GetNamespace() string {
@@ -1745,7 +1865,7 @@ type ListOverridesRequest struct {
 
 func (x *ListOverridesRequest) Reset() {
 	*x = ListOverridesRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[20]
+	mi := &file_inplaced_v1_control_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1757,7 +1877,7 @@ func (x *ListOverridesRequest) String() string {
 func (*ListOverridesRequest) ProtoMessage() {}
 
 func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[20]
+	mi := &file_inplaced_v1_control_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1770,7 +1890,7 @@ func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesRequest.ProtoReflect.Descriptor instead.
 func (*ListOverridesRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{20}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{21}
 }
 
 type ListOverridesResponse struct {
@@ -1782,7 +1902,7 @@ type ListOverridesResponse struct {
 
 func (x *ListOverridesResponse) Reset() {
 	*x = ListOverridesResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[21]
+	mi := &file_inplaced_v1_control_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +1914,7 @@ func (x *ListOverridesResponse) String() string {
 func (*ListOverridesResponse) ProtoMessage() {}
 
 func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[21]
+	mi := &file_inplaced_v1_control_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +1927,7 @@ func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesResponse.ProtoReflect.Descriptor instead.
 func (*ListOverridesResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{21}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListOverridesResponse) GetOverrides() []*Override {
@@ -1827,7 +1947,7 @@ type ResizeRequest struct {
 
 func (x *ResizeRequest) Reset() {
 	*x = ResizeRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[22]
+	mi := &file_inplaced_v1_control_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +1959,7 @@ func (x *ResizeRequest) String() string {
 func (*ResizeRequest) ProtoMessage() {}
 
 func (x *ResizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[22]
+	mi := &file_inplaced_v1_control_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +1972,7 @@ func (x *ResizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeRequest.ProtoReflect.Descriptor instead.
 func (*ResizeRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{22}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResizeRequest) GetTarget() *Target {
@@ -1881,7 +2001,7 @@ type ResizeValues struct {
 
 func (x *ResizeValues) Reset() {
 	*x = ResizeValues{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[23]
+	mi := &file_inplaced_v1_control_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1893,7 +2013,7 @@ func (x *ResizeValues) String() string {
 func (*ResizeValues) ProtoMessage() {}
 
 func (x *ResizeValues) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[23]
+	mi := &file_inplaced_v1_control_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1906,7 +2026,7 @@ func (x *ResizeValues) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeValues.ProtoReflect.Descriptor instead.
 func (*ResizeValues) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{23}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResizeValues) GetCpuQuota() int64 {
@@ -1977,7 +2097,7 @@ type ResizeRecord struct {
 
 func (x *ResizeRecord) Reset() {
 	*x = ResizeRecord{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[24]
+	mi := &file_inplaced_v1_control_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1989,7 +2109,7 @@ func (x *ResizeRecord) String() string {
 func (*ResizeRecord) ProtoMessage() {}
 
 func (x *ResizeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[24]
+	mi := &file_inplaced_v1_control_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2002,7 +2122,7 @@ func (x *ResizeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeRecord.ProtoReflect.Descriptor instead.
 func (*ResizeRecord) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{24}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResizeRecord) GetId() string {
@@ -2161,7 +2281,7 @@ type ListResizesRequest struct {
 
 func (x *ListResizesRequest) Reset() {
 	*x = ListResizesRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[25]
+	mi := &file_inplaced_v1_control_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2173,7 +2293,7 @@ func (x *ListResizesRequest) String() string {
 func (*ListResizesRequest) ProtoMessage() {}
 
 func (x *ListResizesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[25]
+	mi := &file_inplaced_v1_control_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2186,7 +2306,7 @@ func (x *ListResizesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResizesRequest.ProtoReflect.Descriptor instead.
 func (*ListResizesRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{25}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListResizesRequest) GetTarget() *Target {
@@ -2205,7 +2325,7 @@ type ListResizesResponse struct {
 
 func (x *ListResizesResponse) Reset() {
 	*x = ListResizesResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[26]
+	mi := &file_inplaced_v1_control_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2217,7 +2337,7 @@ func (x *ListResizesResponse) String() string {
 func (*ListResizesResponse) ProtoMessage() {}
 
 func (x *ListResizesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[26]
+	mi := &file_inplaced_v1_control_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2230,7 +2350,7 @@ func (x *ListResizesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResizesResponse.ProtoReflect.Descriptor instead.
 func (*ListResizesResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{26}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListResizesResponse) GetResizes() []*ResizeRecord {
@@ -2248,7 +2368,7 @@ type CheckPodsRequest struct {
 
 func (x *CheckPodsRequest) Reset() {
 	*x = CheckPodsRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[27]
+	mi := &file_inplaced_v1_control_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2260,7 +2380,7 @@ func (x *CheckPodsRequest) String() string {
 func (*CheckPodsRequest) ProtoMessage() {}
 
 func (x *CheckPodsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[27]
+	mi := &file_inplaced_v1_control_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2273,7 +2393,7 @@ func (x *CheckPodsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckPodsRequest.ProtoReflect.Descriptor instead.
 func (*CheckPodsRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{27}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{28}
 }
 
 type PodFit struct {
@@ -2287,7 +2407,7 @@ type PodFit struct {
 
 func (x *PodFit) Reset() {
 	*x = PodFit{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[28]
+	mi := &file_inplaced_v1_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2299,7 +2419,7 @@ func (x *PodFit) String() string {
 func (*PodFit) ProtoMessage() {}
 
 func (x *PodFit) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[28]
+	mi := &file_inplaced_v1_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2312,7 +2432,7 @@ func (x *PodFit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodFit.ProtoReflect.Descriptor instead.
 func (*PodFit) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{28}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PodFit) GetNamespace() string {
@@ -2347,7 +2467,7 @@ type CheckPodsResponse struct {
 
 func (x *CheckPodsResponse) Reset() {
 	*x = CheckPodsResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[29]
+	mi := &file_inplaced_v1_control_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2359,7 +2479,7 @@ func (x *CheckPodsResponse) String() string {
 func (*CheckPodsResponse) ProtoMessage() {}
 
 func (x *CheckPodsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[29]
+	mi := &file_inplaced_v1_control_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2372,7 +2492,7 @@ func (x *CheckPodsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckPodsResponse.ProtoReflect.Descriptor instead.
 func (*CheckPodsResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{29}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CheckPodsResponse) GetNode() string {
@@ -2406,7 +2526,7 @@ type PrepullRequest struct {
 
 func (x *PrepullRequest) Reset() {
 	*x = PrepullRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[30]
+	mi := &file_inplaced_v1_control_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2418,7 +2538,7 @@ func (x *PrepullRequest) String() string {
 func (*PrepullRequest) ProtoMessage() {}
 
 func (x *PrepullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[30]
+	mi := &file_inplaced_v1_control_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2431,7 +2551,7 @@ func (x *PrepullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepullRequest.ProtoReflect.Descriptor instead.
 func (*PrepullRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{30}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PrepullRequest) GetImages() []string {
@@ -2474,7 +2594,7 @@ type PullProgress struct {
 
 func (x *PullProgress) Reset() {
 	*x = PullProgress{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[31]
+	mi := &file_inplaced_v1_control_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2486,7 +2606,7 @@ func (x *PullProgress) String() string {
 func (*PullProgress) ProtoMessage() {}
 
 func (x *PullProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[31]
+	mi := &file_inplaced_v1_control_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2499,7 +2619,7 @@ func (x *PullProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullProgress.ProtoReflect.Descriptor instead.
 func (*PullProgress) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{31}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PullProgress) GetImage() string {
@@ -2616,7 +2736,7 @@ type CancelPrepullRequest struct {
 
 func (x *CancelPrepullRequest) Reset() {
 	*x = CancelPrepullRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[32]
+	mi := &file_inplaced_v1_control_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2628,7 +2748,7 @@ func (x *CancelPrepullRequest) String() string {
 func (*CancelPrepullRequest) ProtoMessage() {}
 
 func (x *CancelPrepullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[32]
+	mi := &file_inplaced_v1_control_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2641,7 +2761,7 @@ func (x *CancelPrepullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelPrepullRequest.ProtoReflect.Descriptor instead.
 func (*CancelPrepullRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{32}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CancelPrepullRequest) GetId() string {
@@ -2659,7 +2779,7 @@ type CancelPrepullResponse struct {
 
 func (x *CancelPrepullResponse) Reset() {
 	*x = CancelPrepullResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[33]
+	mi := &file_inplaced_v1_control_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2671,7 +2791,7 @@ func (x *CancelPrepullResponse) String() string {
 func (*CancelPrepullResponse) ProtoMessage() {}
 
 func (x *CancelPrepullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[33]
+	mi := &file_inplaced_v1_control_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2684,7 +2804,7 @@ func (x *CancelPrepullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelPrepullResponse.ProtoReflect.Descriptor instead.
 func (*CancelPrepullResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{33}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{34}
 }
 
 type ListContainersRequest struct {
@@ -2697,7 +2817,7 @@ type ListContainersRequest struct {
 
 func (x *ListContainersRequest) Reset() {
 	*x = ListContainersRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[34]
+	mi := &file_inplaced_v1_control_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2709,7 +2829,7 @@ func (x *ListContainersRequest) String() string {
 func (*ListContainersRequest) ProtoMessage() {}
 
 func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[34]
+	mi := &file_inplaced_v1_control_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2722,7 +2842,7 @@ func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
 func (*ListContainersRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{34}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListContainersRequest) GetNamespace() string {
@@ -2765,7 +2885,7 @@ type ContainerInfo struct {
 
 func (x *ContainerInfo) Reset() {
 	*x = ContainerInfo{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[35]
+	mi := &file_inplaced_v1_control_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2777,7 +2897,7 @@ func (x *ContainerInfo) String() string {
 func (*ContainerInfo) ProtoMessage() {}
 
 func (x *ContainerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[35]
+	mi := &file_inplaced_v1_control_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2790,7 +2910,7 @@ func (x *ContainerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerInfo.ProtoReflect.Descriptor instead.
 func (*ContainerInfo) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{35}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ContainerInfo) GetId() string {
@@ -2928,7 +3048,7 @@ type ListContainersResponse struct {
 
 func (x *ListContainersResponse) Reset() {
 	*x = ListContainersResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[36]
+	mi := &file_inplaced_v1_control_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2940,7 +3060,7 @@ func (x *ListContainersResponse) String() string {
 func (*ListContainersResponse) ProtoMessage() {}
 
 func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[36]
+	mi := &file_inplaced_v1_control_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2953,7 +3073,7 @@ func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
 func (*ListContainersResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{36}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListContainersResponse) GetContainers() []*ContainerInfo {
@@ -2973,7 +3093,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[37]
+	mi := &file_inplaced_v1_control_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2985,7 +3105,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[37]
+	mi := &file_inplaced_v1_control_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2998,7 +3118,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{37}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WatchRequest) GetNamespace() string {
@@ -3037,7 +3157,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[38]
+	mi := &file_inplaced_v1_control_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3049,7 +3169,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[38]
+	mi := &file_inplaced_v1_control_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3062,7 +3182,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{38}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Event) GetKind() string {
@@ -3150,7 +3270,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[39]
+	mi := &file_inplaced_v1_control_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3162,7 +3282,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[39]
+	mi := &file_inplaced_v1_control_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3175,7 +3295,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{39}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{40}
 }
 
 // HealthProblem is one part of inplaced out of service. CRI pass-through
@@ -3193,7 +3313,7 @@ type HealthProblem struct {
 
 func (x *HealthProblem) Reset() {
 	*x = HealthProblem{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[40]
+	mi := &file_inplaced_v1_control_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3205,7 +3325,7 @@ func (x *HealthProblem) String() string {
 func (*HealthProblem) ProtoMessage() {}
 
 func (x *HealthProblem) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[40]
+	mi := &file_inplaced_v1_control_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3218,7 +3338,7 @@ func (x *HealthProblem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthProblem.ProtoReflect.Descriptor instead.
 func (*HealthProblem) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{40}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *HealthProblem) GetPart() string {
@@ -3269,7 +3389,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[41]
+	mi := &file_inplaced_v1_control_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3281,7 +3401,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[41]
+	mi := &file_inplaced_v1_control_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3294,7 +3414,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{41}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *StatusResponse) GetVersion() string {
@@ -3449,7 +3569,7 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"\timage_ref\x18\x16 \x01(\tR\bimageRef\x12'\n" +
 	"\x0fruntime_handler\x18\x17 \x01(\tR\x0eruntimeHandler\x12!\n" +
 	"\fsandbox_kept\x18\x18 \x01(\bR\vsandboxKept\x12+\n" +
-	"\x04hold\x18\x19 \x01(\v2\x17.inplaced.v1.HoldRecordR\x04hold\"\x8c\x02\n" +
+	"\x04hold\x18\x19 \x01(\v2\x17.inplaced.v1.HoldRecordR\x04hold\"\xed\x02\n" +
 	"\n" +
 	"HoldRecord\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x10\n" +
@@ -3462,7 +3582,19 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"\x0flongest_wait_ns\x18\a \x01(\x03R\rlongestWaitNs\x12\x1d\n" +
 	"\n" +
 	"quiesce_ns\x18\b \x01(\x03R\tquiesceNs\x12*\n" +
-	"\x11started_unix_nano\x18\t \x01(\x03R\x0fstartedUnixNano\"\xd8\x01\n" +
+	"\x11started_unix_nano\x18\t \x01(\x03R\x0fstartedUnixNano\x128\n" +
+	"\fport_results\x18\n" +
+	" \x03(\v2\x15.inplaced.v1.HoldPortR\vportResults\x12%\n" +
+	"\x0enever_listened\x18\v \x03(\rR\rneverListened\"\xe3\x01\n" +
+	"\bHoldPort\x12\x12\n" +
+	"\x04port\x18\x01 \x01(\rR\x04port\x12\x16\n" +
+	"\x06parked\x18\x02 \x01(\x03R\x06parked\x12&\n" +
+	"\x0flongest_wait_ns\x18\x03 \x01(\x03R\rlongestWaitNs\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x18\n" +
+	"\abatches\x18\x05 \x01(\x05R\abatches\x12\x1b\n" +
+	"\tmax_batch\x18\x06 \x01(\x05R\bmaxBatch\x12\x18\n" +
+	"\abacklog\x18\a \x01(\x05R\abacklog\x12\x1a\n" +
+	"\blistened\x18\b \x01(\bR\blistened\"\xd8\x01\n" +
 	"\tSwapEvent\x12\x17\n" +
 	"\aswap_id\x18\x01 \x01(\tR\x06swapId\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\tR\x04step\x12\x18\n" +
@@ -3667,7 +3799,7 @@ func file_inplaced_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_inplaced_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_inplaced_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_inplaced_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_inplaced_v1_control_proto_goTypes = []any{
 	(SwapState)(0),                 // 0: inplaced.v1.SwapState
 	(*Target)(nil),                 // 1: inplaced.v1.Target
@@ -3683,39 +3815,40 @@ var file_inplaced_v1_control_proto_goTypes = []any{
 	(*ConfigSummary)(nil),          // 11: inplaced.v1.ConfigSummary
 	(*SwapRecord)(nil),             // 12: inplaced.v1.SwapRecord
 	(*HoldRecord)(nil),             // 13: inplaced.v1.HoldRecord
-	(*SwapEvent)(nil),              // 14: inplaced.v1.SwapEvent
-	(*WatchSwapRequest)(nil),       // 15: inplaced.v1.WatchSwapRequest
-	(*GetSwapRequest)(nil),         // 16: inplaced.v1.GetSwapRequest
-	(*ListSwapsRequest)(nil),       // 17: inplaced.v1.ListSwapsRequest
-	(*ListSwapsResponse)(nil),      // 18: inplaced.v1.ListSwapsResponse
-	(*RevertRequest)(nil),          // 19: inplaced.v1.RevertRequest
-	(*Override)(nil),               // 20: inplaced.v1.Override
-	(*ListOverridesRequest)(nil),   // 21: inplaced.v1.ListOverridesRequest
-	(*ListOverridesResponse)(nil),  // 22: inplaced.v1.ListOverridesResponse
-	(*ResizeRequest)(nil),          // 23: inplaced.v1.ResizeRequest
-	(*ResizeValues)(nil),           // 24: inplaced.v1.ResizeValues
-	(*ResizeRecord)(nil),           // 25: inplaced.v1.ResizeRecord
-	(*ListResizesRequest)(nil),     // 26: inplaced.v1.ListResizesRequest
-	(*ListResizesResponse)(nil),    // 27: inplaced.v1.ListResizesResponse
-	(*CheckPodsRequest)(nil),       // 28: inplaced.v1.CheckPodsRequest
-	(*PodFit)(nil),                 // 29: inplaced.v1.PodFit
-	(*CheckPodsResponse)(nil),      // 30: inplaced.v1.CheckPodsResponse
-	(*PrepullRequest)(nil),         // 31: inplaced.v1.PrepullRequest
-	(*PullProgress)(nil),           // 32: inplaced.v1.PullProgress
-	(*CancelPrepullRequest)(nil),   // 33: inplaced.v1.CancelPrepullRequest
-	(*CancelPrepullResponse)(nil),  // 34: inplaced.v1.CancelPrepullResponse
-	(*ListContainersRequest)(nil),  // 35: inplaced.v1.ListContainersRequest
-	(*ContainerInfo)(nil),          // 36: inplaced.v1.ContainerInfo
-	(*ListContainersResponse)(nil), // 37: inplaced.v1.ListContainersResponse
-	(*WatchRequest)(nil),           // 38: inplaced.v1.WatchRequest
-	(*Event)(nil),                  // 39: inplaced.v1.Event
-	(*StatusRequest)(nil),          // 40: inplaced.v1.StatusRequest
-	(*HealthProblem)(nil),          // 41: inplaced.v1.HealthProblem
-	(*StatusResponse)(nil),         // 42: inplaced.v1.StatusResponse
-	nil,                            // 43: inplaced.v1.Change.SetEnvEntry
+	(*HoldPort)(nil),               // 14: inplaced.v1.HoldPort
+	(*SwapEvent)(nil),              // 15: inplaced.v1.SwapEvent
+	(*WatchSwapRequest)(nil),       // 16: inplaced.v1.WatchSwapRequest
+	(*GetSwapRequest)(nil),         // 17: inplaced.v1.GetSwapRequest
+	(*ListSwapsRequest)(nil),       // 18: inplaced.v1.ListSwapsRequest
+	(*ListSwapsResponse)(nil),      // 19: inplaced.v1.ListSwapsResponse
+	(*RevertRequest)(nil),          // 20: inplaced.v1.RevertRequest
+	(*Override)(nil),               // 21: inplaced.v1.Override
+	(*ListOverridesRequest)(nil),   // 22: inplaced.v1.ListOverridesRequest
+	(*ListOverridesResponse)(nil),  // 23: inplaced.v1.ListOverridesResponse
+	(*ResizeRequest)(nil),          // 24: inplaced.v1.ResizeRequest
+	(*ResizeValues)(nil),           // 25: inplaced.v1.ResizeValues
+	(*ResizeRecord)(nil),           // 26: inplaced.v1.ResizeRecord
+	(*ListResizesRequest)(nil),     // 27: inplaced.v1.ListResizesRequest
+	(*ListResizesResponse)(nil),    // 28: inplaced.v1.ListResizesResponse
+	(*CheckPodsRequest)(nil),       // 29: inplaced.v1.CheckPodsRequest
+	(*PodFit)(nil),                 // 30: inplaced.v1.PodFit
+	(*CheckPodsResponse)(nil),      // 31: inplaced.v1.CheckPodsResponse
+	(*PrepullRequest)(nil),         // 32: inplaced.v1.PrepullRequest
+	(*PullProgress)(nil),           // 33: inplaced.v1.PullProgress
+	(*CancelPrepullRequest)(nil),   // 34: inplaced.v1.CancelPrepullRequest
+	(*CancelPrepullResponse)(nil),  // 35: inplaced.v1.CancelPrepullResponse
+	(*ListContainersRequest)(nil),  // 36: inplaced.v1.ListContainersRequest
+	(*ContainerInfo)(nil),          // 37: inplaced.v1.ContainerInfo
+	(*ListContainersResponse)(nil), // 38: inplaced.v1.ListContainersResponse
+	(*WatchRequest)(nil),           // 39: inplaced.v1.WatchRequest
+	(*Event)(nil),                  // 40: inplaced.v1.Event
+	(*StatusRequest)(nil),          // 41: inplaced.v1.StatusRequest
+	(*HealthProblem)(nil),          // 42: inplaced.v1.HealthProblem
+	(*StatusResponse)(nil),         // 43: inplaced.v1.StatusResponse
+	nil,                            // 44: inplaced.v1.Change.SetEnvEntry
 }
 var file_inplaced_v1_control_proto_depIdxs = []int32{
-	43, // 0: inplaced.v1.Change.set_env:type_name -> inplaced.v1.Change.SetEnvEntry
+	44, // 0: inplaced.v1.Change.set_env:type_name -> inplaced.v1.Change.SetEnvEntry
 	3,  // 1: inplaced.v1.Change.resources:type_name -> inplaced.v1.Resources
 	5,  // 2: inplaced.v1.Handler.http_get:type_name -> inplaced.v1.HTTPGet
 	4,  // 3: inplaced.v1.SwapOptions.pre_stop:type_name -> inplaced.v1.Handler
@@ -3725,67 +3858,68 @@ var file_inplaced_v1_control_proto_depIdxs = []int32{
 	2,  // 7: inplaced.v1.SwapRequest.change:type_name -> inplaced.v1.Change
 	7,  // 8: inplaced.v1.SwapRequest.options:type_name -> inplaced.v1.SwapOptions
 	6,  // 9: inplaced.v1.SwapRequest.auth:type_name -> inplaced.v1.RegistryAuth
-	32, // 10: inplaced.v1.Step.pull:type_name -> inplaced.v1.PullProgress
+	33, // 10: inplaced.v1.Step.pull:type_name -> inplaced.v1.PullProgress
 	11, // 11: inplaced.v1.SwapRecord.from:type_name -> inplaced.v1.ConfigSummary
 	11, // 12: inplaced.v1.SwapRecord.to:type_name -> inplaced.v1.ConfigSummary
 	10, // 13: inplaced.v1.SwapRecord.caller:type_name -> inplaced.v1.Caller
 	0,  // 14: inplaced.v1.SwapRecord.state:type_name -> inplaced.v1.SwapState
 	9,  // 15: inplaced.v1.SwapRecord.steps:type_name -> inplaced.v1.Step
 	13, // 16: inplaced.v1.SwapRecord.hold:type_name -> inplaced.v1.HoldRecord
-	12, // 17: inplaced.v1.SwapEvent.record:type_name -> inplaced.v1.SwapRecord
-	32, // 18: inplaced.v1.SwapEvent.pull:type_name -> inplaced.v1.PullProgress
-	1,  // 19: inplaced.v1.ListSwapsRequest.target:type_name -> inplaced.v1.Target
-	12, // 20: inplaced.v1.ListSwapsResponse.swaps:type_name -> inplaced.v1.SwapRecord
-	1,  // 21: inplaced.v1.RevertRequest.target:type_name -> inplaced.v1.Target
-	7,  // 22: inplaced.v1.RevertRequest.options:type_name -> inplaced.v1.SwapOptions
-	11, // 23: inplaced.v1.Override.to:type_name -> inplaced.v1.ConfigSummary
-	20, // 24: inplaced.v1.ListOverridesResponse.overrides:type_name -> inplaced.v1.Override
-	1,  // 25: inplaced.v1.ResizeRequest.target:type_name -> inplaced.v1.Target
-	3,  // 26: inplaced.v1.ResizeRequest.resources:type_name -> inplaced.v1.Resources
-	10, // 27: inplaced.v1.ResizeRecord.caller:type_name -> inplaced.v1.Caller
-	24, // 28: inplaced.v1.ResizeRecord.from:type_name -> inplaced.v1.ResizeValues
-	24, // 29: inplaced.v1.ResizeRecord.to:type_name -> inplaced.v1.ResizeValues
-	24, // 30: inplaced.v1.ResizeRecord.in_effect:type_name -> inplaced.v1.ResizeValues
-	24, // 31: inplaced.v1.ResizeRecord.requested:type_name -> inplaced.v1.ResizeValues
-	1,  // 32: inplaced.v1.ListResizesRequest.target:type_name -> inplaced.v1.Target
-	25, // 33: inplaced.v1.ListResizesResponse.resizes:type_name -> inplaced.v1.ResizeRecord
-	29, // 34: inplaced.v1.CheckPodsResponse.misfits:type_name -> inplaced.v1.PodFit
-	6,  // 35: inplaced.v1.PrepullRequest.auth:type_name -> inplaced.v1.RegistryAuth
-	36, // 36: inplaced.v1.ListContainersResponse.containers:type_name -> inplaced.v1.ContainerInfo
-	41, // 37: inplaced.v1.StatusResponse.problems:type_name -> inplaced.v1.HealthProblem
-	8,  // 38: inplaced.v1.Control.Swap:input_type -> inplaced.v1.SwapRequest
-	15, // 39: inplaced.v1.Control.WatchSwap:input_type -> inplaced.v1.WatchSwapRequest
-	16, // 40: inplaced.v1.Control.GetSwap:input_type -> inplaced.v1.GetSwapRequest
-	17, // 41: inplaced.v1.Control.ListSwaps:input_type -> inplaced.v1.ListSwapsRequest
-	19, // 42: inplaced.v1.Control.Revert:input_type -> inplaced.v1.RevertRequest
-	21, // 43: inplaced.v1.Control.ListOverrides:input_type -> inplaced.v1.ListOverridesRequest
-	23, // 44: inplaced.v1.Control.Resize:input_type -> inplaced.v1.ResizeRequest
-	26, // 45: inplaced.v1.Control.ListResizes:input_type -> inplaced.v1.ListResizesRequest
-	28, // 46: inplaced.v1.Control.CheckPods:input_type -> inplaced.v1.CheckPodsRequest
-	31, // 47: inplaced.v1.Control.Prepull:input_type -> inplaced.v1.PrepullRequest
-	33, // 48: inplaced.v1.Control.CancelPrepull:input_type -> inplaced.v1.CancelPrepullRequest
-	35, // 49: inplaced.v1.Control.ListContainers:input_type -> inplaced.v1.ListContainersRequest
-	38, // 50: inplaced.v1.Control.Watch:input_type -> inplaced.v1.WatchRequest
-	40, // 51: inplaced.v1.Control.Status:input_type -> inplaced.v1.StatusRequest
-	14, // 52: inplaced.v1.Control.Swap:output_type -> inplaced.v1.SwapEvent
-	14, // 53: inplaced.v1.Control.WatchSwap:output_type -> inplaced.v1.SwapEvent
-	12, // 54: inplaced.v1.Control.GetSwap:output_type -> inplaced.v1.SwapRecord
-	18, // 55: inplaced.v1.Control.ListSwaps:output_type -> inplaced.v1.ListSwapsResponse
-	14, // 56: inplaced.v1.Control.Revert:output_type -> inplaced.v1.SwapEvent
-	22, // 57: inplaced.v1.Control.ListOverrides:output_type -> inplaced.v1.ListOverridesResponse
-	25, // 58: inplaced.v1.Control.Resize:output_type -> inplaced.v1.ResizeRecord
-	27, // 59: inplaced.v1.Control.ListResizes:output_type -> inplaced.v1.ListResizesResponse
-	30, // 60: inplaced.v1.Control.CheckPods:output_type -> inplaced.v1.CheckPodsResponse
-	32, // 61: inplaced.v1.Control.Prepull:output_type -> inplaced.v1.PullProgress
-	34, // 62: inplaced.v1.Control.CancelPrepull:output_type -> inplaced.v1.CancelPrepullResponse
-	37, // 63: inplaced.v1.Control.ListContainers:output_type -> inplaced.v1.ListContainersResponse
-	39, // 64: inplaced.v1.Control.Watch:output_type -> inplaced.v1.Event
-	42, // 65: inplaced.v1.Control.Status:output_type -> inplaced.v1.StatusResponse
-	52, // [52:66] is the sub-list for method output_type
-	38, // [38:52] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	14, // 17: inplaced.v1.HoldRecord.port_results:type_name -> inplaced.v1.HoldPort
+	12, // 18: inplaced.v1.SwapEvent.record:type_name -> inplaced.v1.SwapRecord
+	33, // 19: inplaced.v1.SwapEvent.pull:type_name -> inplaced.v1.PullProgress
+	1,  // 20: inplaced.v1.ListSwapsRequest.target:type_name -> inplaced.v1.Target
+	12, // 21: inplaced.v1.ListSwapsResponse.swaps:type_name -> inplaced.v1.SwapRecord
+	1,  // 22: inplaced.v1.RevertRequest.target:type_name -> inplaced.v1.Target
+	7,  // 23: inplaced.v1.RevertRequest.options:type_name -> inplaced.v1.SwapOptions
+	11, // 24: inplaced.v1.Override.to:type_name -> inplaced.v1.ConfigSummary
+	21, // 25: inplaced.v1.ListOverridesResponse.overrides:type_name -> inplaced.v1.Override
+	1,  // 26: inplaced.v1.ResizeRequest.target:type_name -> inplaced.v1.Target
+	3,  // 27: inplaced.v1.ResizeRequest.resources:type_name -> inplaced.v1.Resources
+	10, // 28: inplaced.v1.ResizeRecord.caller:type_name -> inplaced.v1.Caller
+	25, // 29: inplaced.v1.ResizeRecord.from:type_name -> inplaced.v1.ResizeValues
+	25, // 30: inplaced.v1.ResizeRecord.to:type_name -> inplaced.v1.ResizeValues
+	25, // 31: inplaced.v1.ResizeRecord.in_effect:type_name -> inplaced.v1.ResizeValues
+	25, // 32: inplaced.v1.ResizeRecord.requested:type_name -> inplaced.v1.ResizeValues
+	1,  // 33: inplaced.v1.ListResizesRequest.target:type_name -> inplaced.v1.Target
+	26, // 34: inplaced.v1.ListResizesResponse.resizes:type_name -> inplaced.v1.ResizeRecord
+	30, // 35: inplaced.v1.CheckPodsResponse.misfits:type_name -> inplaced.v1.PodFit
+	6,  // 36: inplaced.v1.PrepullRequest.auth:type_name -> inplaced.v1.RegistryAuth
+	37, // 37: inplaced.v1.ListContainersResponse.containers:type_name -> inplaced.v1.ContainerInfo
+	42, // 38: inplaced.v1.StatusResponse.problems:type_name -> inplaced.v1.HealthProblem
+	8,  // 39: inplaced.v1.Control.Swap:input_type -> inplaced.v1.SwapRequest
+	16, // 40: inplaced.v1.Control.WatchSwap:input_type -> inplaced.v1.WatchSwapRequest
+	17, // 41: inplaced.v1.Control.GetSwap:input_type -> inplaced.v1.GetSwapRequest
+	18, // 42: inplaced.v1.Control.ListSwaps:input_type -> inplaced.v1.ListSwapsRequest
+	20, // 43: inplaced.v1.Control.Revert:input_type -> inplaced.v1.RevertRequest
+	22, // 44: inplaced.v1.Control.ListOverrides:input_type -> inplaced.v1.ListOverridesRequest
+	24, // 45: inplaced.v1.Control.Resize:input_type -> inplaced.v1.ResizeRequest
+	27, // 46: inplaced.v1.Control.ListResizes:input_type -> inplaced.v1.ListResizesRequest
+	29, // 47: inplaced.v1.Control.CheckPods:input_type -> inplaced.v1.CheckPodsRequest
+	32, // 48: inplaced.v1.Control.Prepull:input_type -> inplaced.v1.PrepullRequest
+	34, // 49: inplaced.v1.Control.CancelPrepull:input_type -> inplaced.v1.CancelPrepullRequest
+	36, // 50: inplaced.v1.Control.ListContainers:input_type -> inplaced.v1.ListContainersRequest
+	39, // 51: inplaced.v1.Control.Watch:input_type -> inplaced.v1.WatchRequest
+	41, // 52: inplaced.v1.Control.Status:input_type -> inplaced.v1.StatusRequest
+	15, // 53: inplaced.v1.Control.Swap:output_type -> inplaced.v1.SwapEvent
+	15, // 54: inplaced.v1.Control.WatchSwap:output_type -> inplaced.v1.SwapEvent
+	12, // 55: inplaced.v1.Control.GetSwap:output_type -> inplaced.v1.SwapRecord
+	19, // 56: inplaced.v1.Control.ListSwaps:output_type -> inplaced.v1.ListSwapsResponse
+	15, // 57: inplaced.v1.Control.Revert:output_type -> inplaced.v1.SwapEvent
+	23, // 58: inplaced.v1.Control.ListOverrides:output_type -> inplaced.v1.ListOverridesResponse
+	26, // 59: inplaced.v1.Control.Resize:output_type -> inplaced.v1.ResizeRecord
+	28, // 60: inplaced.v1.Control.ListResizes:output_type -> inplaced.v1.ListResizesResponse
+	31, // 61: inplaced.v1.Control.CheckPods:output_type -> inplaced.v1.CheckPodsResponse
+	33, // 62: inplaced.v1.Control.Prepull:output_type -> inplaced.v1.PullProgress
+	35, // 63: inplaced.v1.Control.CancelPrepull:output_type -> inplaced.v1.CancelPrepullResponse
+	38, // 64: inplaced.v1.Control.ListContainers:output_type -> inplaced.v1.ListContainersResponse
+	40, // 65: inplaced.v1.Control.Watch:output_type -> inplaced.v1.Event
+	43, // 66: inplaced.v1.Control.Status:output_type -> inplaced.v1.StatusResponse
+	53, // [53:67] is the sub-list for method output_type
+	39, // [39:53] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_inplaced_v1_control_proto_init() }
@@ -3800,7 +3934,7 @@ func file_inplaced_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_inplaced_v1_control_proto_rawDesc), len(file_inplaced_v1_control_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   43,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
