@@ -79,7 +79,8 @@ type recoveryPlan struct {
 	// after (as its next attempt): the newest attempt the name has used.
 	after *runtimeapi.ContainerConfig
 	// end is how the swap ends when the steps are done; failed when a step
-	// that is not optional fails, its msg a format for that step's error.
+	// that is not optional fails (only the rollback step can), its msg a
+	// format for that step's error.
 	end, failed recoveryEnd
 }
 
@@ -140,12 +141,13 @@ func (p *recoveryPlan) removeNew() {
 }
 
 // rollForward commits the swap to its running new container, as the swap
-// would have: a revert drops the override, any other kind writes it. There
-// is no kubelet-driven commit here (it answers a StopContainer of kubelet's
-// that the crash ended), so such a swap writes an override too; it carries
-// the old spec's hash, and kubelet's next create (with the new spec's)
-// drops it. An entry without the new config (a previous build's) can only
-// name the new container.
+// would have: a revert drops the override, any other kind writes it. A
+// kubelet-driven swap has no commit of its own here: that commit depends on
+// whether an override was in force when kubelet's stop came, which is not
+// journaled. So it writes an override too; the override carries the old
+// spec's hash, and kubelet's next create, with the new spec's, drops it.
+// An entry without the new config can only name the new container: there
+// is no config to record or commit.
 func (p *recoveryPlan) rollForward(j *journaled) {
 	p.steps = append(p.steps, step{do: actAdoptNew})
 	if j.newReq != nil {
