@@ -33,8 +33,10 @@
 // stopped and removed and the old configuration is created again (next
 // attempt) and started — or, for a kubelet-driven swap, the new container
 // is removed and kubelet's own create follows. After a crash, Recover reads
-// the journal and converges each unfinished swap: forward when the new
-// container exists and runs, back otherwise. At every point a container
+// the journal and converges each unfinished swap, decided then done too:
+// planRecovery decides from the entry and what the runtime reports —
+// forward when the new container exists and runs, back otherwise — and the
+// same executor's actions carry the plan out. At every point a container
 // name of a pod has a container that kubelet would adopt, or would recreate
 // itself.
 //

@@ -126,6 +126,10 @@ var actions = map[action]func(r *run) error{
 	actCommitRevert:  func(r *run) error { return r.logCommit(r.dropOverride()) },
 	actCommitKubelet: func(r *run) error { return r.logCommit(r.kubeletCommit()) },
 	actRollback:      (*run).doRollback,
+	actClearHold:     (*run).doClearHold,
+	actRemoveNew:     (*run).doRemoveNew,
+	actAdoptNew:      (*run).doAdoptNew,
+	actRecordNew:     (*run).doRecordNew,
 }
 
 func (r *run) doPull() (err error) {

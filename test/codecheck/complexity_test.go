@@ -20,10 +20,13 @@ const (
 )
 
 // checked are the files held to the limits: the swap planner and executor,
-// and the daemon's build / serve / shut down.
+// the recovery planner and executor, and the daemon's build / serve / shut
+// down.
 var checked = []string{
 	"pkg/swap/plan.go",
 	"pkg/swap/exec.go",
+	"pkg/swap/recover.go",
+	"pkg/swap/recoverplan.go",
 	"pkg/daemon/daemon.go",
 }
 
