@@ -20,8 +20,8 @@ import (
 // leftHold is a Holder after a crash: only Remove is expected of it.
 type leftHold struct{ removed []string }
 
-func (h *leftHold) Ports(string, int, []uint16) ([]uint16, error) {
-	return nil, errors.New("recovery finds no ports")
+func (h *leftHold) Ports(string, int, []uint16) (HoldPorts, error) {
+	return HoldPorts{}, errors.New("recovery finds no ports")
 }
 
 func (h *leftHold) Hold(context.Context, string, []uint16, string) (ActiveHold, error) {
