@@ -1,11 +1,10 @@
 // Package docs checks that README.md, CONTRIBUTING.md and docs/ stand alone:
 // no path that leaves the repository, no ticket numbers a reader cannot
 // follow, no relative link to a file that is not there, no code block left
-// open, and a package table
-// in docs/architecture.md that names every package under pkg/, and a
-// README whose first screen is the front door (what and why, the commands,
-// the quickstart). It needs
-// nothing but the source tree, so make test-unit runs it.
+// open, a package table in docs/architecture.md that names every package
+// under pkg/, and a README whose first screen is the front door (what and
+// why, the commands, the quickstart). It needs nothing but the source tree,
+// so make test-unit runs it.
 package docs
 
 import (
