@@ -14,6 +14,9 @@ import (
 	"testing"
 )
 
+// root is the repository, seen from this package's directory.
+const root = "../.."
+
 const (
 	maxLines      = 60
 	maxComplexity = 15
@@ -30,7 +33,7 @@ var checked = []string{
 func TestComplexity(t *testing.T) {
 	for _, f := range checked {
 		fset := token.NewFileSet()
-		file, err := parser.ParseFile(fset, filepath.Join("../..", f), nil, 0)
+		file, err := parser.ParseFile(fset, filepath.Join(root, f), nil, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -68,10 +71,7 @@ func tooComplex(fset *token.FileSet, file *ast.File) []string {
 		if !ok || fn.Body == nil {
 			continue
 		}
-		name := fn.Name.Name
-		if fn.Recv != nil && len(fn.Recv.List) > 0 {
-			name = fmt.Sprintf("(%s).%s", types(fn.Recv.List[0].Type), name)
-		}
+		name := funcName(fn)
 		lines := fset.Position(fn.End()).Line - fset.Position(fn.Pos()).Line + 1
 		if lines > maxLines {
 			out = append(out, fmt.Sprintf("%s is %d lines (at most %d): split it", name, lines, maxLines))
@@ -83,12 +83,24 @@ func tooComplex(fset *token.FileSet, file *ast.File) []string {
 	return out
 }
 
-func types(e ast.Expr) string {
-	if s, ok := e.(*ast.StarExpr); ok {
-		return "*" + types(s.X)
+// funcName is a function's name as gocyclo prints it: f, (T).m or (*T).m.
+func funcName(fn *ast.FuncDecl) string {
+	if fn.Recv != nil && len(fn.Recv.List) > 0 {
+		return fmt.Sprintf("(%s).%s", types(fn.Recv.List[0].Type), fn.Name.Name)
 	}
-	if id, ok := e.(*ast.Ident); ok {
-		return id.Name
+	return fn.Name.Name
+}
+
+func types(e ast.Expr) string {
+	switch e := e.(type) {
+	case *ast.StarExpr:
+		return "*" + types(e.X)
+	case *ast.Ident:
+		return e.Name
+	case *ast.IndexExpr: // a generic type's receiver, T[E]
+		return types(e.X)
+	case *ast.IndexListExpr:
+		return types(e.X)
 	}
 	return "?"
 }
