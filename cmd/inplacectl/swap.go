@@ -90,11 +90,34 @@ func newSwapCommand(g *globals) *cobra.Command {
 	return cmd
 }
 
+// request is the swap request the arguments and flags ask for.
 func (o *SwapOptions) request(cmd *cobra.Command, args []string) (*inplacedv1.SwapRequest, error) {
 	t, err := o.Target.target(args)
 	if err != nil {
 		return nil, err
 	}
+	ch, err := o.change(cmd)
+	if err != nil {
+		return nil, err
+	}
+	opts, err := o.options()
+	if err != nil {
+		return nil, err
+	}
+	req := &inplacedv1.SwapRequest{Target: t, Change: ch, Options: opts}
+	if o.RegistryAuth != "" {
+		a, err := readRegistryAuth(o.RegistryAuth)
+		if err != nil {
+			return nil, err
+		}
+		req.Auth = a
+	}
+	return req, nil
+}
+
+// change is what the flags change in the container; a flag not given
+// changes nothing.
+func (o *SwapOptions) change(cmd *cobra.Command) (*inplacedv1.Change, error) {
 	ch := &inplacedv1.Change{Mounts: o.Mounts, Devices: o.Devices, UnsetEnv: o.UnsetEnv}
 	if cmd.Flags().Changed("image") {
 		ch.Image = &o.Image
@@ -123,6 +146,11 @@ func (o *SwapOptions) request(cmd *cobra.Command, args []string) (*inplacedv1.Sw
 	} else if res != nil {
 		ch.Resources = res
 	}
+	return ch, nil
+}
+
+// options is how the swap runs: grace period, hooks and health gate.
+func (o *SwapOptions) options() (*inplacedv1.SwapOptions, error) {
 	opts := &inplacedv1.SwapOptions{GracePeriodSeconds: o.GracePeriod, MinRuntimeMs: o.MinRuntime.Milliseconds(),
 		HealthTimeoutMs: o.HealthTimout.Milliseconds(), SkipPreStop: o.SkipPreStop}
 	if len(o.PreStopExec) > 0 {
@@ -131,28 +159,31 @@ func (o *SwapOptions) request(cmd *cobra.Command, args []string) (*inplacedv1.Sw
 	if len(o.PostStart) > 0 {
 		opts.PostStart = &inplacedv1.Handler{Exec: o.PostStart}
 	}
+	hc, err := o.healthCheck()
+	if err != nil {
+		return nil, err
+	}
+	opts.HealthCheck = hc
+	return opts, nil
+}
+
+// healthCheck is the health gate's check, of the first of --health-exec,
+// --health-http and --health-tcp given; nil with none.
+func (o *SwapOptions) healthCheck() (*inplacedv1.Handler, error) {
 	switch {
 	case len(o.HealthExec) > 0:
-		opts.HealthCheck = &inplacedv1.Handler{Exec: o.HealthExec}
+		return &inplacedv1.Handler{Exec: o.HealthExec}, nil
 	case o.HealthHTTP != "":
 		port, path, _ := strings.Cut(o.HealthHTTP, "/")
 		var p int32
 		if _, err := fmt.Sscan(port, &p); err != nil || p <= 0 {
 			return nil, fmt.Errorf("--health-http %q: want PORT/PATH, e.g. 8080/healthz", o.HealthHTTP)
 		}
-		opts.HealthCheck = &inplacedv1.Handler{HttpGet: &inplacedv1.HTTPGet{Port: p, Path: "/" + path}}
+		return &inplacedv1.Handler{HttpGet: &inplacedv1.HTTPGet{Port: p, Path: "/" + path}}, nil
 	case o.HealthTCP > 0:
-		opts.HealthCheck = &inplacedv1.Handler{TcpPort: o.HealthTCP}
+		return &inplacedv1.Handler{TcpPort: o.HealthTCP}, nil
 	}
-	req := &inplacedv1.SwapRequest{Target: t, Change: ch, Options: opts}
-	if o.RegistryAuth != "" {
-		a, err := readRegistryAuth(o.RegistryAuth)
-		if err != nil {
-			return nil, err
-		}
-		req.Auth = a
-	}
-	return req, nil
+	return nil, nil
 }
 
 func readRegistryAuth(path string) (*inplacedv1.RegistryAuth, error) {

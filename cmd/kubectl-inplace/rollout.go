@@ -47,6 +47,33 @@ var availabilityPoll = 500 * time.Millisecond
 // The first failure halts the walk: swaps already running end, no other
 // starts. The results are in walk order; the summary goes to o.Out.
 func SwapSelected(ctx context.Context, client kubernetes.Interface, o *SwapOptions) ([]PodResult, error) {
+	sel, err := o.walkSelector()
+	if err != nil {
+		return nil, err
+	}
+	raw, req, err := o.Request()
+	if err != nil {
+		return nil, err
+	}
+	results, err := selectedPods(ctx, client, o, sel)
+	if err != nil {
+		return nil, err
+	}
+	out := newPrinter(o.Out)
+	w := &walk{ctx: ctx, client: client, o: o, sel: sel, out: out, inflight: map[string]bool{}, done: make(chan walkDone)}
+	halt := w.run(results, func(pod string) (*kube.SwapStatus, error) {
+		return swapPod(ctx, client, o, raw, req, out, pod)
+	})
+	printSummary(o, results)
+	if halt != nil {
+		return results, fmt.Errorf("halted: %w", halt)
+	}
+	return results, nil
+}
+
+// walkSelector checks the options of a walk over selected pods and
+// returns their selector.
+func (o *SwapOptions) walkSelector() (labels.Selector, error) {
 	if o.Pod != "" {
 		return nil, errors.New("give a pod name or -l, not both")
 	}
@@ -60,10 +87,12 @@ func SwapSelected(ctx context.Context, client kubernetes.Interface, o *SwapOptio
 	if err != nil {
 		return nil, fmt.Errorf("-l %q: %w", o.Selector, err)
 	}
-	raw, req, err := o.Request()
-	if err != nil {
-		return nil, err
-	}
+	return sel, nil
+}
+
+// selectedPods lists the pods sel selects, in walk order; with a
+// partition, every one must have an ordinal.
+func selectedPods(ctx context.Context, client kubernetes.Interface, o *SwapOptions, sel labels.Selector) ([]PodResult, error) {
 	list, err := client.CoreV1().Pods(o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
 	if err != nil {
 		return nil, fmt.Errorf("list pods %s: %w", o.Selector, err)
@@ -79,12 +108,18 @@ func SwapSelected(ctx context.Context, client kubernetes.Interface, o *SwapOptio
 			}
 		}
 	}
-	out := newPrinter(o.Out)
-	w := &walk{ctx: ctx, client: client, o: o, sel: sel, out: out, inflight: map[string]bool{}, done: make(chan walkDone)}
+	return results, nil
+}
+
+// run walks results in order: a pod below the partition is skipped, the
+// others start (swap, each in its own goroutine) as slots free up, until
+// the first failure; then the running swaps end and no other starts. It
+// fills in each result's outcome and returns the first failure.
+func (w *walk) run(results []PodResult, swap func(pod string) (*kube.SwapStatus, error)) error {
 	var halt error
 	for i := range results {
 		r := &results[i]
-		if r.Ordinal >= 0 && r.Ordinal < o.Partition {
+		if r.Ordinal >= 0 && r.Ordinal < w.o.Partition {
 			r.Outcome = OutcomePartition
 			continue
 		}
@@ -96,10 +131,10 @@ func SwapSelected(ctx context.Context, client kubernetes.Interface, o *SwapOptio
 			continue
 		}
 		w.inflight[r.Pod] = true
-		go func(i int) {
-			st, err := swapPod(ctx, client, o, raw, req, out, results[i].Pod)
+		go func(i int, pod string) {
+			st, err := swap(pod)
 			w.done <- walkDone{i: i, st: st, err: err}
-		}(i)
+		}(i, r.Pod)
 	}
 	for len(w.inflight) > 0 {
 		if err := w.collect(<-w.done, results); err != nil && halt == nil {
@@ -109,11 +144,7 @@ func SwapSelected(ctx context.Context, client kubernetes.Interface, o *SwapOptio
 	if halt == nil {
 		halt = w.halt
 	}
-	printSummary(o, results)
-	if halt != nil {
-		return results, fmt.Errorf("halted: %w", halt)
-	}
-	return results, nil
+	return halt
 }
 
 type walkDone struct {

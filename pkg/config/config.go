@@ -171,6 +171,18 @@ func (c Config) EffectiveImageEndpoint() string {
 // Validate reports every problem at once.
 func (c Config) Validate() error {
 	var errs []error
+	for _, check := range []func() []error{
+		c.socketProblems, c.endpointProblems, c.wordProblems, c.holdMaxProblems,
+		c.metricsProblems, c.kubernetesProblems, c.timeoutProblems,
+	} {
+		errs = append(errs, check()...)
+	}
+	return errors.Join(errs...)
+}
+
+// socketProblems: inplaced's own paths are absolute, its two sockets apart.
+func (c Config) socketProblems() []error {
+	var errs []error
 	for _, s := range []struct{ name, path string }{
 		{"listen", c.Listen}, {"control-socket", c.ControlSocket}, {"state-dir", c.StateDir},
 	} {
@@ -181,6 +193,13 @@ func (c Config) Validate() error {
 	if c.Listen != "" && c.Listen == c.ControlSocket {
 		errs = append(errs, fmt.Errorf("--listen and --control-socket are both %q: give them different paths", c.Listen))
 	}
+	return errs
+}
+
+// endpointProblems: the backend's endpoints are unix sockets other than
+// inplaced's own.
+func (c Config) endpointProblems() []error {
+	var errs []error
 	for _, e := range []struct{ name, ep string }{
 		{"runtime-endpoint", c.RuntimeEndpoint}, {"image-endpoint", c.EffectiveImageEndpoint()},
 	} {
@@ -191,8 +210,13 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--%s points at inplaced's own --listen socket %q: that would loop", e.name, c.Listen))
 		}
 	}
-	// The flags that take one of a few words, with the words in the order
-	// the error lists them.
+	return errs
+}
+
+// wordProblems: the flags that take one of a few words, with the words in
+// the order the error lists them.
+func (c Config) wordProblems() []error {
+	var errs []error
 	for _, e := range []struct {
 		name, value string
 		want        []string
@@ -208,14 +232,32 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--%s %q: want %s", e.name, e.value, oneOf(e.want)))
 		}
 	}
+	return errs
+}
+
+// holdMaxProblems: the bound of a swap's connection hold.
+func (c Config) holdMaxProblems() []error {
 	if c.HoldMax <= 0 || c.HoldMax.D() > 5*time.Minute {
-		errs = append(errs, fmt.Errorf("--hold-max %s: want a duration above 0 and up to 5m, e.g. 10s", c.HoldMax.D()))
+		return []error{fmt.Errorf("--hold-max %s: want a duration above 0 and up to 5m, e.g. 10s", c.HoldMax.D())}
 	}
-	if c.MetricsListen != "" {
-		if _, port, err := net.SplitHostPort(c.MetricsListen); err != nil || port == "" {
-			errs = append(errs, fmt.Errorf("--metrics-listen %q: want host:port, e.g. 127.0.0.1:9470", c.MetricsListen))
-		}
+	return nil
+}
+
+// metricsProblems: the metrics address, when given, is host:port.
+func (c Config) metricsProblems() []error {
+	if c.MetricsListen == "" {
+		return nil
 	}
+	if _, port, err := net.SplitHostPort(c.MetricsListen); err != nil || port == "" {
+		return []error{fmt.Errorf("--metrics-listen %q: want host:port, e.g. 127.0.0.1:9470", c.MetricsListen)}
+	}
+	return nil
+}
+
+// kubernetesProblems: the kubeconfig, kubelet's credential-provider
+// settings and the runtime classes.
+func (c Config) kubernetesProblems() []error {
+	var errs []error
 	if c.Kubeconfig != "" {
 		// A file that does not exist yet is fine: on k3s it is written once
 		// the node runs, which needs inplaced's CRI socket first; the daemon
@@ -224,6 +266,17 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--kubeconfig %q is a directory: give the kubeconfig file", c.Kubeconfig))
 		}
 	}
+	errs = append(errs, c.credentialProviderProblems()...)
+	if _, err := c.RuntimeClassTable(); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// credentialProviderProblems: kubelet's two credential-provider values,
+// both or neither, each there.
+func (c Config) credentialProviderProblems() []error {
+	var errs []error
 	if (c.ImageCredentialProviderConfig == "") != (c.ImageCredentialProviderBinDir == "") {
 		errs = append(errs, fmt.Errorf("--image-credential-provider-config %q and --image-credential-provider-bin-dir %q: give both (kubelet's values) or neither",
 			c.ImageCredentialProviderConfig, c.ImageCredentialProviderBinDir))
@@ -238,13 +291,15 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--%s: %w (give kubelet's value)", f.name, err))
 		}
 	}
-	if _, err := c.RuntimeClassTable(); err != nil {
-		errs = append(errs, err)
-	}
+	return errs
+}
+
+// timeoutProblems: the timeouts that must be positive.
+func (c Config) timeoutProblems() []error {
 	if c.ShutdownTimeout <= 0 || c.FenceTimeout <= 0 || c.HealthMinRuntime < 0 {
-		errs = append(errs, errors.New("shutdownTimeout and fenceTimeout must be positive, healthMinRuntime not negative"))
+		return []error{errors.New("shutdownTimeout and fenceTimeout must be positive, healthMinRuntime not negative")}
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // RuntimeClass is one entry of runtimeClasses.

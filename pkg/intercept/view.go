@@ -85,31 +85,45 @@ func (i *Interceptors) listContainers(ctx context.Context, req *runtimeapi.ListC
 	// are over once this answer is served (fence.Listed).
 	viewedAt := time.Now()
 	defer i.fences.Listed(req.GetFilter(), viewedAt)
-	seenSandbox := map[string]bool{}
-	var views []mask
-	for _, c := range resp.Containers {
-		if !seenSandbox[c.PodSandboxId] {
-			seenSandbox[c.PodSandboxId] = true
-			views = append(views, i.masked(c.PodSandboxId)...)
-		}
-	}
-	// The old container may be missing from a response filtered on state
-	// RUNNING: its sandbox is known from the fence.
-	if sb := req.GetFilter().GetPodSandboxId(); sb != "" && !seenSandbox[sb] {
-		views = append(views, i.masked(sb)...)
-	} else if sb == "" {
-		for _, f := range i.fences.All() {
-			if !seenSandbox[f.Key.SandboxID] {
-				seenSandbox[f.Key.SandboxID] = true
-				views = append(views, i.masked(f.Key.SandboxID)...)
-			}
-		}
-	}
+	views := i.masksFor(resp.Containers, req.GetFilter())
 	if len(views) == 0 {
 		return resp, nil
 	}
-	out := make([]*runtimeapi.Container, 0, len(resp.Containers))
-	for _, c := range resp.Containers {
+	return &runtimeapi.ListContainersResponse{Containers: shownToKubelet(resp.Containers, views, req.GetFilter())}, nil
+}
+
+// masksFor returns the masks on the sandboxes of a list's containers, and
+// on those the filter names or, unfiltered by sandbox, of every fence.
+func (i *Interceptors) masksFor(containers []*runtimeapi.Container, filter *runtimeapi.ContainerFilter) []mask {
+	seenSandbox := map[string]bool{}
+	var views []mask
+	add := func(sandboxID string) {
+		if !seenSandbox[sandboxID] {
+			seenSandbox[sandboxID] = true
+			views = append(views, i.masked(sandboxID)...)
+		}
+	}
+	for _, c := range containers {
+		add(c.PodSandboxId)
+	}
+	// The old container may be missing from a response filtered on state
+	// RUNNING: its sandbox is known from the fence.
+	if sb := filter.GetPodSandboxId(); sb != "" {
+		add(sb)
+	} else {
+		for _, f := range i.fences.All() {
+			add(f.Key.SandboxID)
+		}
+	}
+	return views
+}
+
+// shownToKubelet is the list kubelet is shown: the containers the masks hide left
+// out, and each old container a mask replaces shown as it was before the
+// swap (when the filter matches it).
+func shownToKubelet(containers []*runtimeapi.Container, views []mask, filter *runtimeapi.ContainerFilter) []*runtimeapi.Container {
+	out := make([]*runtimeapi.Container, 0, len(containers))
+	for _, c := range containers {
 		if hiddenIn(views, c.Id, c.PodSandboxId, containerName(c.Labels, c.Metadata), c.CreatedAt) {
 			continue
 		}
@@ -119,11 +133,11 @@ func (i *Interceptors) listContainers(ctx context.Context, req *runtimeapi.ListC
 		out = append(out, c)
 	}
 	for _, v := range views {
-		if v.ReplaceOld && v.OldEntry != nil && matchesFilter(v.OldEntry, req.GetFilter()) {
+		if v.ReplaceOld && v.OldEntry != nil && matchesFilter(v.OldEntry, filter) {
 			out = append(out, proto.Clone(v.OldEntry).(*runtimeapi.Container))
 		}
 	}
-	return &runtimeapi.ListContainersResponse{Containers: out}, nil
+	return out
 }
 
 func hiddenIn(views []mask, id, sandboxID, name string, createdAt int64) bool {

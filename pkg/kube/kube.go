@@ -9,8 +9,9 @@
 //
 //  1. The pod watch sees the spec's hash for a container differ from the
 //     running container's io.kubernetes.container.hash and starts pulling
-//     the new image at once (swap.Engine.Prepare), with the pod's
-//     imagePullSecrets.
+//     the new image at once (swap.Engine.Prepare), with the credentials
+//     kubelet would use (package credentials: the pod's imagePullSecrets,
+//     the node's docker config, kubelet's credential-provider plugins).
 //  2. kubelet's StopContainer for that container is held (HoldStop) until
 //     the pull is done, bounded by kubelet's own deadline for the call.
 //  3. Then the swap runs in place: the new container (spec image, kubelet's
@@ -449,8 +450,9 @@ func (c *Controller) cancelChange(ch *change, why error) {
 	ch.cancel(why)
 }
 
-// prepare pulls for a change: credentials from the pod's pull secrets, then
-// the engine's Prepare, which pulls in the background.
+// prepare pulls for a change: the credentials kubelet would use (the pod's
+// pull secrets, the node's docker config, credential-provider plugins:
+// pullAuths), then the engine's Prepare, which pulls in the background.
 func (c *Controller) prepare(ch *change) {
 	auths, l := c.pullAuths(ch)
 	prep, err := c.engine.Prepare(c.ctx, swap.KubeletChange{ContainerID: ch.oldID, Image: ch.image, Hash: ch.hash,

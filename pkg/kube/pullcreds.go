@@ -24,7 +24,9 @@ type lookup struct {
 
 // pullAuths reads the pod's pull secrets (a node may read the secrets its
 // pods reference) and returns the credentials kubelet would try for the
-// image, in its order (package credentials), with what the lookup covered.
+// image, in its order (package credentials: those secrets, then the node's
+// docker config, then credential-provider plugins), with what the lookup
+// covered.
 func (c *Controller) pullAuths(ch *change) ([]*inplacedv1.RegistryAuth, lookup) {
 	req := credentials.Request{Image: ch.image}
 	for _, name := range ch.pullSecrets {

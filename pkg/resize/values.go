@@ -115,27 +115,55 @@ func before(c resources.Cgroup, want resources.Limits, st *runtimeapi.ContainerS
 func podPrev(old, want, declared resources.Limits, known bool) resources.Limits {
 	out := old
 	if want.MemoryLimit != nil && old.MemoryLimit != nil {
-		w, o := *want.MemoryLimit, *old.MemoryLimit
-		switch d := declared.MemoryLimit; {
-		case known && d != nil && *d > 0 && w != resources.Unlimited && o != resources.Unlimited:
-			out.MemoryLimit = ptr(w + max(o, *d) - max(w, *d))
-		case below(w, o):
-			out.MemoryLimit = &w
+		d, ok := declaredMemory(declared, known)
+		if v, changed := prevLimit(*want.MemoryLimit, *old.MemoryLimit, d, ok); changed {
+			out.MemoryLimit = &v
 		}
 	}
 	if (want.CPUQuota != nil || want.CPUPeriod != nil) && old.CPUQuota != nil && old.CPUPeriod != nil {
 		// In want's period: the kernel compares rates.
 		p := deref(want.CPUPeriod, *old.CPUPeriod)
 		w, o := deref(want.CPUQuota, *old.CPUQuota), inPeriod(*old.CPUQuota, *old.CPUPeriod, p)
-		switch dq, dp := declared.CPUQuota, declared.CPUPeriod; {
-		case known && dq != nil && *dq > 0 && dp != nil && *dp > 0 && w != resources.Unlimited && o != resources.Unlimited:
-			d := inPeriod(*dq, *dp, p)
-			out.CPUQuota, out.CPUPeriod = ptr(w+max(o, d)-max(w, d)), &p
-		case below(w, o):
-			out.CPUQuota, out.CPUPeriod = &w, &p
+		d, ok := declaredQuota(declared, known, p)
+		if v, changed := prevLimit(w, o, d, ok); changed {
+			out.CPUQuota, out.CPUPeriod = &v, &p
 		}
 	}
 	return out
+}
+
+// prevLimit is podPrev for one limit, want w over old o (the pod moves by
+// w - prev): with the declared limit d (hasDeclared) and neither w nor o
+// unlimited, the prev that moves the pod by max(w, d) - max(o, d); else,
+// for a lowering, w itself (the pod stays). changed is false when prev is
+// o (a raise without d: the pod moves exactly).
+func prevLimit(w, o, d int64, hasDeclared bool) (prev int64, changed bool) {
+	switch {
+	case hasDeclared && w != resources.Unlimited && o != resources.Unlimited:
+		return w + max(o, d) - max(w, d), true
+	case below(w, o):
+		return w, true
+	}
+	return 0, false
+}
+
+// declaredMemory is the container's declared memory limit, when known and
+// set.
+func declaredMemory(declared resources.Limits, known bool) (int64, bool) {
+	if d := declared.MemoryLimit; known && d != nil && *d > 0 {
+		return *d, true
+	}
+	return 0, false
+}
+
+// declaredQuota is the container's declared CPU quota in period p, when
+// known and set.
+func declaredQuota(declared resources.Limits, known bool, p uint64) (int64, bool) {
+	dq, dp := declared.CPUQuota, declared.CPUPeriod
+	if known && dq != nil && *dq > 0 && dp != nil && *dp > 0 {
+		return inPeriod(*dq, *dp, p), true
+	}
+	return 0, false
 }
 
 // inPeriod is quota per period as a quota per p (rounded up).

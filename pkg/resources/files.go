@@ -150,7 +150,7 @@ func formatCPUMax(quota int64, period uint64) string {
 // its Manager, and with it github.com/cilium/ebpf (13 packages), into
 // inplaced: without that import the binary is 1.5 MB smaller and its
 // resident memory right after start ("inplaced version") 0.2 to 0.8 MB
-// lower, depending on the commit and on cgo (issue 12). A test
+// lower, depending on the commit and on cgo: a node pays for every MB. A test
 // (TestNewCPUMaxMatchesLibrary) keeps it equal to the library's.
 func newCPUMax(quota *int64, period *uint64) string {
 	q, p := "max", "100000"

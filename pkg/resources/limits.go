@@ -104,7 +104,7 @@ func weightMatches(weight, shares uint64) bool {
 // its Manager, and with it github.com/cilium/ebpf (13 packages), into
 // inplaced: without that import the binary is 1.5 MB smaller and its
 // resident memory right after start ("inplaced version") 0.2 to 0.8 MB
-// lower, depending on the commit and on cgo (issue 12). A test
+// lower, depending on the commit and on cgo: a node pays for every MB. A test
 // (TestSharesToWeightQuadraticMatchesLibrary) keeps it equal to the
 // library's for every shares value.
 func sharesToWeightQuadratic(shares uint64) uint64 {

@@ -37,8 +37,10 @@ type KubeletChange struct {
 	// the values of the pod's first create. Only values that differ from
 	// the declared config change anything.
 	MetadataEnv map[string]string
-	// Auths are the credentials to try for the pull, in order (from the
-	// pod's imagePullSecrets); none means an anonymous pull.
+	// Auths are the credentials to try for the pull, in kubelet's order
+	// (the pod's imagePullSecrets, the node's docker config, kubelet's
+	// credential-provider plugins; package credentials finds them); none
+	// means an anonymous pull.
 	Auths []*inplacedv1.RegistryAuth
 	// ExplainPull (optional) wraps a failed pull's error with what the
 	// failure means for kubelet's stop, for the record and its Event.
@@ -198,8 +200,8 @@ func envChanges(cfg *runtimeapi.ContainerConfig, env map[string]string) map[stri
 	return set
 }
 
-// pullWithAuths tries each credential in turn, as kubelet does with a pod's
-// pull secrets, then anonymously when there are none.
+// pullWithAuths tries each credential in turn, as kubelet does with the
+// credentials it finds for an image, then anonymously when there are none.
 func (r *run) pullWithAuths(ctx context.Context) (imageRef, userImage string, err error) {
 	imageRef, userImage, err = r.pullEach(ctx)
 	if err != nil && r.kube.explain != nil {

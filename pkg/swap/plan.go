@@ -37,7 +37,7 @@ type action string
 
 const (
 	actPull          action = "pull the new image with the request's credentials"
-	actPullKubelet   action = "pull the new image with the pod's pull secrets, then tell kubelet's held stop"
+	actPullKubelet   action = "pull the new image with the credentials kubelet would use, then tell kubelet's held stop"
 	actProceed       action = "wait for kubelet's StopContainer, take the fence"
 	actConfig        action = "build the new config: recorded config + change"
 	actConfigSpec    action = "build the new config: recorded config + change, kubelet's hash for the new spec"

@@ -40,7 +40,10 @@ const (
 	kubeCfgSwap = "inplacectl swap (node-local)"
 )
 
-// The targets of issue 9, must-show 6.
+// kubeTargets bound, per registry link, the patch with inplaced against
+// kubelet on containerd (ratios of medians: stopped → running, and the
+// client's gap); kubeTargetVsSwap bounds its client gap against a
+// node-local swap.
 var kubeTargets = map[string]float64{"100 Mbit/s": 0.05, "1 Gbit/s": 0.3}
 
 const (
@@ -211,8 +214,8 @@ func kubeLoad1() (float64, error) {
 	return strconv.ParseFloat(f[0], 64)
 }
 
-// BenchmarkKubePatch is issue 9's must-show 6: a pod's image changed
-// through the API (a strategic merge patch, as `kubectl set image` sends)
+// BenchmarkKubePatch measures what a Kubernetes image change costs: a
+// pod's image changed through the API (a strategic merge patch, as `kubectl set image` sends)
 // from App2 to the ≥ 100 MiB image Large, pulled over the paced 1 Gbit/s and
 // 100 Mbit/s registry links, with kubelet on inplaced in Kubernetes mode
 // and then with a second kubelet directly on containerd (one kubelet at a

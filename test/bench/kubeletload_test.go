@@ -29,7 +29,8 @@ import (
 )
 
 const (
-	// loadPods is how many static pods kubelet runs (issue 12: 60).
+	// loadPods is how many static pods kubelet runs during the window (the
+	// load the report.TargetLoad* bounds are judged under).
 	loadPods = 60
 	// loadNamespace is the static pods' namespace.
 	loadNamespace = "load"
@@ -85,7 +86,7 @@ func loadMinutes(name string) time.Duration {
 	return -1
 }
 
-// BenchmarkKubeletLoad is issue 12's must-show 3, what a node pays: a real
+// BenchmarkKubeletLoad measures what a node pays for inplaced: a real
 // kubelet (standalone, static pods: no API server needed) runs 60 pods of
 // one container through inplaced in front of containerd, and once they are
 // all ready the benchmark watches for $INPLACED_BENCH_LOAD_MINUTES minutes

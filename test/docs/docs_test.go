@@ -1,10 +1,10 @@
 // Package docs checks that README.md, CONTRIBUTING.md and docs/ stand alone:
 // no path that leaves the repository, no ticket numbers a reader cannot
-// follow, no relative link to a file that is not there, and a package table
-// in docs/architecture.md that names every package under pkg/, and a
-// README whose first screen is the front door (what and why, the commands,
-// the quickstart). It needs
-// nothing but the source tree, so make test-unit runs it.
+// follow, no relative link to a file that is not there, no code block left
+// open, a package table in docs/architecture.md that names every package
+// under pkg/, and a README whose first screen is the front door (what and
+// why, the commands, the quickstart). It needs nothing but the source tree,
+// so make test-unit runs it.
 package docs
 
 import (
@@ -39,7 +39,42 @@ func TestDocsStandAlone(t *testing.T) {
 		for _, p := range problems(root, f, string(b)) {
 			t.Errorf("%s", p)
 		}
+		if p := unclosedFence(string(b)); p != "" {
+			t.Errorf("%s: %s", f, p)
+		}
 	}
+}
+
+// fenceLine is a line that opens or closes a code block: any indentation
+// (a block nested in a list item is indented), three or more backticks or
+// tildes, then an optional info string.
+var fenceLine = regexp.MustCompile("^\\s*(`{3,}|~{3,})(.*)$")
+
+// unclosedFence says where a code block opens that nothing closes, or ""
+// when every fence is closed. A fence left open turns the rest of the
+// document into code (on GitHub, everything after it renders as one block).
+// As CommonMark reads it: a block closes at a line of the same character,
+// at least as many of them, and nothing else but spaces.
+func unclosedFence(text string) string {
+	open, at := "", 0
+	for i, line := range strings.Split(text, "\n") {
+		m := fenceLine.FindStringSubmatch(line)
+		switch {
+		case m == nil:
+		case open == "":
+			if m[1][0] == '`' && strings.Contains(m[2], "`") {
+				continue // an inline code span, not a fence
+			}
+			open, at = m[1], i+1
+		case m[1][0] == open[0] && len(m[1]) >= len(open) && strings.TrimSpace(m[2]) == "":
+			open = ""
+		}
+	}
+	if open != "" {
+		return fmt.Sprintf("the code block opened at line %d (%s) is never closed: everything after it renders as code "+
+			"(fences pair up in order, so the one left open may be an earlier one: look for prose between a pair)", at, open)
+	}
+	return ""
 }
 
 func TestArchitectureListsEveryPackage(t *testing.T) {
@@ -131,6 +166,29 @@ func TestChecksCatch(t *testing.T) {
 		if (len(got) > 0) != c.bad {
 			t.Errorf("%q: problems %q, want bad=%v", c.text, got, c.bad)
 		}
+	}
+	for _, c := range []struct {
+		text string
+		bad  bool
+	}{
+		{"a\n```\ncode\n```\nb\n", false},
+		{"a\n```sh\ncode\n```\n\n* item\n\n  ```\n  nested\n  ```\n", false},
+		{"````md\n```\ninner\n```\n````\n", false},
+		{"~~~\n```\n~~~\n", false},
+		{"```not a fence```, a code span\n", false},
+		// docs/architecture.md as it was: the diagram's fence left open, so
+		// the next fence closed it and the rest rendered inverted.
+		{"# x\n\n```\nkubelet ──▶ relay\n\n## Packages\n\n```\nframes\n```\n", true},
+		{"a\n```go\ncode\n", true},
+		{"a\n````\ncode\n```\n", true},
+		{"a\n```\ncode\n``` trailing\n", true},
+	} {
+		if got := unclosedFence(c.text); (got != "") != c.bad {
+			t.Errorf("%q: unclosedFence %q, want bad=%v", c.text, got, c.bad)
+		}
+	}
+	if got := unclosedFence("# x\n\n```\ndiagram\n\n## Packages\n"); !strings.Contains(got, "line 3") {
+		t.Errorf("unclosedFence names the wrong line: %q", got)
 	}
 	if got := missingFromFirstScreen("# x\nmake test-unit and make demo"); len(got) != len(firstScreen)-2 {
 		t.Errorf("first screen check found %d missing, want %d: %q", len(got), len(firstScreen)-2, got)

@@ -232,7 +232,7 @@ func appURL(p *corev1.Pod) string {
 
 const pollEvery = 20 * time.Millisecond
 
-// testCloneSet is must-show 1: a CloneSet of 2, InPlaceIfPossible, updated
+// testCloneSet: a CloneSet of 2, InPlaceIfPossible, updated
 // to an image with a 100 MiB layer over a paced link.
 func (ke *krenv) testCloneSet(t *testing.T) {
 	const name = "cs"
@@ -340,7 +340,7 @@ func (ke *krenv) kubeletSwapsCommitted(t *testing.T, pod string) []*inplacedv1.S
 	return out
 }
 
-// testStatefulSetPartition is must-show 2: an Advanced StatefulSet of 3
+// testStatefulSetPartition: an Advanced StatefulSet of 3
 // with partition 1 updates only ordinals 2 and 1, in place, 2 first.
 func (ke *krenv) testStatefulSetPartition(t *testing.T) {
 	const name = "sts"
@@ -404,7 +404,7 @@ func (ke *krenv) testStatefulSetPartition(t *testing.T) {
 	}
 }
 
-// testImagePullJob is must-show 3: kruise-daemon, on inplaced's socket,
+// testImagePullJob: kruise-daemon, on inplaced's socket,
 // pulls the image of an ImagePullJob; the job succeeds and the image is on
 // the node.
 func (ke *krenv) testImagePullJob(t *testing.T) {
@@ -441,7 +441,7 @@ func (ke *krenv) testImagePullJob(t *testing.T) {
 	}
 }
 
-// testEnvFromMetadata is must-show 4: kruise's env-from-metadata update
+// testEnvFromMetadata: kruise's env-from-metadata update
 // (a template label behind a fieldRef env) reaches the new process in
 // place, as a swap inplaced records; the client gap is within 1.5× that of
 // a node-local env swap in the same run, and kruise completes.

@@ -84,7 +84,7 @@ func readyStatus(p *corev1.Pod) corev1.ConditionStatus {
 	return ""
 }
 
-// testAnnotationEnv is issue 10's must-show 1: an env change requested by
+// testAnnotationEnv: an env change requested by
 // annotation on a gated pod: NotReady before the old container stops, Ready
 // after the health gate; the new process has the env; same UID and IP;
 // status Committed with downtime; Started/Committed events; a crashing
@@ -205,7 +205,7 @@ func (km *kmenv) testAnnotationEnv(t *testing.T) {
 	})
 }
 
-// testAnnotationRefused is issue 10's must-show 6 (e2e part): bad requests
+// testAnnotationRefused, end to end: bad requests
 // get a status naming the field and change nothing; inplaced keeps running.
 func (km *kmenv) testAnnotationRefused(t *testing.T) {
 	p := km.createPod(t, "picky", km.imgs.App1)

@@ -264,7 +264,8 @@ func (ce *credenv) pulledBy(t *testing.T, repo, user string) {
 	t.Logf("registry: %s pulled as %s (%d manifest requests)", repo, user, len(got))
 }
 
-// testSecretPathScoped is must-show 1a.
+// testSecretPathScoped: a pod's pull secret with a key scoped to team/ is
+// what pulls team/app (the registry sees alice).
 func (ce *credenv) testSecretPathScoped(t *testing.T) {
 	ce.pullSecret(t, "team-cred", map[string]string{ce.ar.Addr + "/team": "alice"})
 	ce.createPodWith(t, "sec", ce.imgs.App1, withPullSecrets("team-cred"))
@@ -272,7 +273,8 @@ func (ce *credenv) testSecretPathScoped(t *testing.T) {
 	ce.pulledBy(t, "team/app", "alice")
 }
 
-// testNodeConfig is must-show 1b.
+// testNodeConfig: with no pull secret, the node's docker config pulls
+// node/app (the registry sees nora).
 func (ce *credenv) testNodeConfig(t *testing.T) {
 	ce.createPod(t, "nodecfg", ce.imgs.App1)
 	ce.inPlace(t, "nodecfg", ce.refs["node/app:v2"])
@@ -295,9 +297,9 @@ func (ce *credenv) pluginCalls(t *testing.T) []string {
 	return calls
 }
 
-// testPlugin is must-show 1c: kubelet's request, args and env; the answer
-// (cacheKeyType Registry, cacheDuration 30s) serves a second pull without
-// a call, and is asked again once 30 s have passed.
+// testPlugin: the credential-provider plugin gets kubelet's request, args
+// and env; the answer (cacheKeyType Registry, cacheDuration 30s) serves a
+// second pull without a call, and is asked again once 30 s have passed.
 func (ce *credenv) testPlugin(t *testing.T) {
 	ce.createPod(t, "plug", ce.imgs.App1)
 	ce.createPod(t, "plug2", ce.imgs.App1)
@@ -355,7 +357,7 @@ func (ce *credenv) refused(t *testing.T, pod, image, want string) {
 	ce.keepAnnotations(t, pod)
 }
 
-// testOtherPath is must-show 2a: a key scoped to other/ is not used for team/.
+// testOtherPath: a key scoped to other/ is not used for team/.
 func (ce *credenv) testOtherPath(t *testing.T) {
 	ce.pullSecret(t, "other-cred", map[string]string{ce.ar.Addr + "/other": "alice"})
 	ce.createPodWith(t, "wrongpath", ce.imgs.App1, withPullSecrets("other-cred"))
@@ -367,7 +369,7 @@ func (ce *credenv) testOtherPath(t *testing.T) {
 	ce.deletePod("wrongpath")
 }
 
-// testMoreSpecific is must-show 2b: of a host-wide key and a team/ key, the
+// testMoreSpecific: of a host-wide key and a team/ key, the
 // team/ one is used.
 func (ce *credenv) testMoreSpecific(t *testing.T) {
 	ce.pullSecret(t, "two-keys", map[string]string{ce.ar.Addr: "dave", ce.ar.Addr + "/team": "alice"})
@@ -376,7 +378,7 @@ func (ce *credenv) testMoreSpecific(t *testing.T) {
 	ce.pulledBy(t, "team/other", "alice")
 }
 
-// testNoCredentials is must-show 3: a pull secret the pod names does not
+// testNoCredentials: a pull secret the pod names does not
 // exist and no other source covers late/: the registry refuses, kubelet's
 // stop is refused with the reason, the old container runs on; once the
 // secret is created the change lands in place at kubelet's next attempt.
@@ -460,7 +462,9 @@ func (ce *credenv) testKubeletOnly(t *testing.T) {
 	t.Logf("inplaced's pull refused with a plugin out of reach: kubelet's stop went ahead, kubelet pulled with its own credentials: %s", recs[0].Error)
 }
 
-// testNoLeak is must-show 4.
+// testNoLeak: no test credential (password, or user:password in base64)
+// is in inplaced's log, its state store files, the pods' annotations or
+// the namespace's events.
 func (ce *credenv) testNoLeak(t *testing.T) {
 	var markers []string
 	for u, p := range credUsers {

@@ -22,7 +22,7 @@ func (km *kmenv) labelNode(t *testing.T, key string, value *string) {
 	}
 }
 
-// testAffinityDrift is issue 10's must-show 4: the node label a pod's
+// testAffinityDrift: the node label a pod's
 // required affinity needs is removed; the next swap warns (Event +
 // condition) and goes on; with --affinity-drift=refuse it is refused with
 // nothing changed; inplacectl check lists the pod.

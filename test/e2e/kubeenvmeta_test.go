@@ -57,7 +57,7 @@ func (km *kmenv) tryProcessEnv(t *testing.T, pod string) (string, string, error)
 	return id, string(b), nil
 }
 
-// testEnvFromMetadata is issue 10's must-show 3: a label change reaches the
+// testEnvFromMetadata: a label change reaches the
 // process's env in place, keeping an earlier env override; without the
 // opt-in it does not.
 func (km *kmenv) testEnvFromMetadata(t *testing.T) {

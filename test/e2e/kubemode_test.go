@@ -253,9 +253,10 @@ func stepOf(r *inplacedv1.SwapRecord, name string) *inplacedv1.Step {
 	return nil
 }
 
-// testImagePatch is must-show 1: same pod UID, sandbox and IP; v2 with
-// restartCount 1 and Ready; the pull ended while the old container ran;
-// kubelet makes no further Stop/CreateContainer in three sync periods.
+// testImagePatch: an image patch goes in place: same pod UID, sandbox and
+// IP; v2 with restartCount 1 and Ready; the pull ended while the old
+// container ran; kubelet makes no further Stop/CreateContainer in three
+// sync periods.
 func (km *kmenv) testImagePatch(t *testing.T) {
 	before := km.createPod(t, "web", km.imgs.App1)
 	old := appStatus(before)
@@ -346,7 +347,10 @@ func (km *kmenv) testImagePatch(t *testing.T) {
 	}
 }
 
-// testUnpullable is must-show 2.
+// testUnpullable: an image that cannot be pulled never takes the pod down:
+// the old container runs on for three sync periods and kubelet logs
+// inplaced's reason; setting the image back restarts nothing; a pullable
+// image then goes in place (same pod, sandbox and IP).
 func (km *kmenv) testUnpullable(t *testing.T) {
 	before := km.createPod(t, "stubborn", km.imgs.App1)
 	old := appStatus(before)
@@ -407,7 +411,9 @@ func (km *kmenv) testUnpullable(t *testing.T) {
 	}
 }
 
-// testDeleteWhileHeld is must-show 3.
+// testDeleteWhileHeld: a pod deleted while its stop is held for a slow
+// pull goes at once (not after the pull): no container of it runs, no
+// override is left and its swap is aborted.
 func (km *kmenv) testDeleteWhileHeld(t *testing.T) {
 	p := km.createPod(t, "doomed", km.imgs.App1)
 	uid := p.UID
@@ -464,7 +470,9 @@ func (km *kmenv) testDeleteWhileHeld(t *testing.T) {
 	t.Logf("pod deleted %s after the delete call while its pull was held", took.Round(time.Millisecond))
 }
 
-// testAPIServerDown is must-show 4.
+// testAPIServerDown: with the API server down, CRI calls through inplaced
+// (the test's and kubelet's own) go through unharmed; once it is back the
+// pod watch resumes and an image patch goes in place.
 func (km *kmenv) testAPIServerDown(t *testing.T) {
 	p := km.createPod(t, "steady", km.imgs.App1)
 	oldID := criID(appStatus(p))

@@ -83,7 +83,7 @@ func (km *kmenv) kubectlInplace(t *testing.T, args ...string) (string, error) {
 	return string(out), err
 }
 
-// testKubectlPlugin is issue 10's must-show 5: `kubectl inplace swap -l`
+// testKubectlPlugin: `kubectl inplace swap -l`
 // over three gated pods with --max-unavailable 1 goes highest ordinal
 // first with at most one pod NotReady at any time (polled), and halts at
 // the first pod whose swap fails, leaving the next one untouched.

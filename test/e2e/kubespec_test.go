@@ -88,7 +88,7 @@ func (km *kmenv) restartWithKubeconfig(t *testing.T, kubeconfig string) {
 	}
 }
 
-// testAnnotationImage is issue 10's must-show 2: an image change requested
+// testAnnotationImage: an image change requested
 // on the pod runs in place, then the spec names the new image; kubelet
 // makes no Stop/Create/StartContainer for it (from the request on, and in
 // the three sync periods after); spec and status agree.

@@ -28,7 +28,7 @@ import (
 	"github.com/inplaced/inplaced/test/harness"
 )
 
-// TestOperatorView proves what an operator sees (issue 11): ps and watch
+// TestOperatorView proves what an operator sees: ps and watch
 // during a swap made by this test binary, the caller's uid and exe in the
 // audit log and the history, the Prometheus metrics after a swap, a resize
 // and a failed swap (promlint, as promtool check metrics), and prepull's progress over a

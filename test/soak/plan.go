@@ -1,4 +1,4 @@
-// Package soak is issue 21's soak harness: a kubelet registered to a real API
+// Package soak is the soak harness: a kubelet registered to a real API
 // server runs SOAK_PODS pods (110, kubelet's default maximum) through inplaced
 // in Kubernetes mode on a private containerd, under continuous churn (image
 // patches, annotation swaps, env-from-metadata label changes, kubelet and

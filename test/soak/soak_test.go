@@ -53,7 +53,7 @@ const (
 	upgradeBuild = "soak-upgrade"
 )
 
-// TestSoak is issue 21's soak run (see the package comment): per backend of
+// TestSoak is the soak run (see the package comment): per backend of
 // INPLACED_BACKENDS, SOAK_DURATION of churn and faults over SOAK_PODS pods.
 func TestSoak(t *testing.T) {
 	s, ok, err := SettingsFromEnv(os.Getenv)

@@ -158,7 +158,7 @@ func judged(ok bool, cells ...*Latency) string {
 }
 
 // GoFloor is the Variant of the Go byte relay (test/bench/floorrelay), the
-// floor the issue-12 targets compare inplaced with.
+// floor the per-call targets compare inplaced with.
 const GoFloor = "floor: Go byte relay"
 
 // SocatFloor is the Variant of socat relaying between the two sockets
@@ -166,7 +166,7 @@ const GoFloor = "floor: Go byte relay"
 // can be on the path.
 const SocatFloor = "floor: socat -b 1 MiB"
 
-// The issue-12 targets: inplaced against the Go byte relay measured in the
+// The per-call targets: inplaced against the Go byte relay measured in the
 // same rounds.
 const (
 	// TargetAddedVsGoFloor bounds inplaced's added p50 against the Go
@@ -213,7 +213,8 @@ func (p vsFloor) cpuRatio() float64 {
 	return ratio(float64(p.px.ProxyCPUPerCall), float64(p.floor.ProxyCPUPerCall))
 }
 
-// vsFloorRows are the issue-12 target rows of backend be.
+// vsFloorRows are the rows of the per-call targets (against the Go floor)
+// of backend be.
 func (d *doc) vsFloorRows(be string) []targetRow {
 	var rows []targetRow
 	for _, conc := range []int{1, 16} {
@@ -275,7 +276,7 @@ func fmtConditions(c *Conditions) string {
 }
 
 // vsFloorTable is section 1's per-call comparison of inplaced with the Go
-// floor (issue 12), with each cell's verdicts.
+// floor, with each cell's verdicts.
 func (d *doc) vsFloorTable(b *strings.Builder, be string) {
 	var pairs []vsFloor
 	for _, conc := range []int{1, 16} {

@@ -66,7 +66,7 @@ func TestUnreliable(t *testing.T) {
 }
 
 // TestRenderUnderLoad: a target whose cells were measured under load is
-// reported as unreliable, not as PASS or FAIL; the issue-12 rows compare
+// reported as unreliable, not as PASS or FAIL; the per-call rows compare
 // inplaced with the Go floor.
 func TestRenderUnderLoad(t *testing.T) {
 	us := func(n int64) int64 { return n * 1e3 }

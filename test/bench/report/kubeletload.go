@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// What a node pays for inplaced (issue 12, must-show 3): a real kubelet
+// What a node pays for inplaced: a real kubelet
 // manages NodePods pods through inplaced for a window of minutes, and
 // BenchmarkKubeletLoad samples inplaced's and containerd's processes.
 const (
@@ -249,7 +249,8 @@ type KubeletLoadRun struct {
 	Rendered string
 }
 
-// KubeletLoadVerdicts are the must-show's four verdicts of one window,
+// KubeletLoadVerdicts are the four verdicts of one window (CPU, RSS,
+// goroutines, fds),
 // and after the CPU verdict, for each floor window measured, its
 // reference row: the same target applied to that byte relay.
 func KubeletLoadVerdicts(k *KubeletLoad) []struct{ Target, Measured, Result string } {
