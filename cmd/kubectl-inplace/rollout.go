@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
 
 // Outcomes of one pod in a walk over selected pods.
@@ -31,7 +31,7 @@ type PodResult struct {
 	Pod     string
 	Ordinal int // -1: the name has no ordinal
 	Outcome string
-	Status  *kube.SwapStatus
+	Status  *podapi.SwapStatus
 	Err     error
 }
 
@@ -118,7 +118,7 @@ func SwapSelected(ctx context.Context, client kubernetes.Interface, o *SwapOptio
 
 type walkDone struct {
 	i   int
-	st  *kube.SwapStatus
+	st  *podapi.SwapStatus
 	err error
 }
 

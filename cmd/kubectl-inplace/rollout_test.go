@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
 
 func TestOrdinal(t *testing.T) {
@@ -53,7 +53,7 @@ func TestSwapSelectedHalts(t *testing.T) {
 	client := fake.NewClientset(pods("web-0", "web-1", "web-2", "web-3", "web-4")...)
 	node := newFakeNode(t, client, func(p string) string {
 		if p == "web-2" {
-			return kube.StateRolledBack
+			return podapi.StateRolledBack
 		}
 		return ""
 	})
@@ -87,7 +87,7 @@ func TestSwapSelectedHalts(t *testing.T) {
 	}
 	for _, p := range []string{"web-1", "web-0"} {
 		q, _ := client.CoreV1().Pods(testNS).Get(context.Background(), p, metav1.GetOptions{})
-		if q.Annotations[kube.AnnotationSwap] != "" {
+		if q.Annotations[podapi.AnnotationSwap] != "" {
 			t.Errorf("%s got a request", p)
 		}
 	}

@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
 
 // StatusOptions are the flags of `kubectl inplace status`.
@@ -36,9 +36,9 @@ type PodStatus struct {
 	Request       string `json:"request,omitempty"`
 	RequestDigest string `json:"requestDigest,omitempty"`
 	// Pending: the request has no status yet (inplaced has not seen it).
-	Pending bool             `json:"pending"`
-	Status  *kube.SwapStatus `json:"status,omitempty"`
-	Ready   bool             `json:"ready"`
+	Pending bool               `json:"pending"`
+	Status  *podapi.SwapStatus `json:"status,omitempty"`
+	Ready   bool               `json:"ready"`
 	// InPlaceReady and AffinityDrift are the pod conditions inplaced sets
 	// ("" when absent).
 	InPlaceReady  string `json:"inPlaceReady,omitempty"`
@@ -135,16 +135,16 @@ func Status(ctx context.Context, client kubernetes.Interface, o *StatusOptions) 
 }
 
 func podStatus(p *corev1.Pod) PodStatus {
-	s := PodStatus{Namespace: p.Namespace, Pod: p.Name, Node: p.Spec.NodeName, Request: p.Annotations[kube.AnnotationSwap],
-		Status: swapStatus(p), Ready: podReady(p)}
+	s := PodStatus{Namespace: p.Namespace, Pod: p.Name, Node: p.Spec.NodeName, Request: p.Annotations[podapi.AnnotationSwap],
+		Status: podapi.Status(p), Ready: podReady(p)}
 	if s.Request != "" {
-		s.RequestDigest = kube.Digest(s.Request)
+		s.RequestDigest = podapi.Digest(s.Request)
 		s.Pending = s.Status == nil || s.Status.RequestDigest != s.RequestDigest
 	}
-	if c := condition(p, kube.ConditionInPlaceReady); c != nil {
+	if c := condition(p, podapi.ConditionInPlaceReady); c != nil {
 		s.InPlaceReady = string(c.Status)
 	}
-	if c := condition(p, kube.ConditionAffinityDrift); c != nil {
+	if c := condition(p, podapi.ConditionAffinityDrift); c != nil {
 		s.AffinityDrift = string(c.Status)
 		if c.Status == corev1.ConditionTrue {
 			s.DriftReason = c.Message

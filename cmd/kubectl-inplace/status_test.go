@@ -11,21 +11,21 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"sigs.k8s.io/yaml"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
 
 func TestStatus(t *testing.T) {
 	done := testPod("web-0")
 	req := `{"container":"app","env":{"A":"2"}}`
-	done.Annotations[kube.AnnotationSwap] = req
-	done.Annotations[kube.AnnotationSwapStatus] = `{"requestDigest":"` + kube.Digest(req) + `","swapID":"s1","state":"Committed",` +
+	done.Annotations[podapi.AnnotationSwap] = req
+	done.Annotations[podapi.AnnotationSwapStatus] = `{"requestDigest":"` + podapi.Digest(req) + `","swapID":"s1","state":"Committed",` +
 		`"container":"app","from":{"image":"app:1","env":["A"]},"to":{"image":"app:1","env":["A","B"],"args":["-v"]},` +
 		`"steps":[{"name":"pull","durationMs":2.5},{"name":"stop","durationMs":41}],"downtimeMs":62.4,"override":true,"updatedAt":"2026-01-02T03:04:05Z"}`
-	done.Status.Conditions = append(done.Status.Conditions, corev1.PodCondition{Type: kube.ConditionAffinityDrift,
+	done.Status.Conditions = append(done.Status.Conditions, corev1.PodCondition{Type: podapi.ConditionAffinityDrift,
 		Status: corev1.ConditionTrue, Message: "node label disk=ssd is gone"})
 	pending := testPod("web-1")
-	pending.Annotations[kube.AnnotationSwap] = `{"container":"app","image":"app:3"}`
-	pending.Annotations[kube.AnnotationSwapStatus] = done.Annotations[kube.AnnotationSwapStatus]
+	pending.Annotations[podapi.AnnotationSwap] = `{"container":"app","image":"app:3"}`
+	pending.Annotations[podapi.AnnotationSwapStatus] = done.Annotations[podapi.AnnotationSwapStatus]
 	client := fake.NewClientset(done, pending, testPod("web-2"))
 
 	var out bytes.Buffer
@@ -49,7 +49,7 @@ func TestStatus(t *testing.T) {
 		t.Fatalf("json: %v\n%s", err, out.String())
 	}
 	if len(got) != 3 || got[0].Pod != "web-2" || got[1].Pod != "web-1" || !got[1].Pending || got[2].Pending ||
-		got[2].Status.State != kube.StateCommitted || got[2].Status.Steps[1].DurationMs != 41 || got[0].Request != "" {
+		got[2].Status.State != podapi.StateCommitted || got[2].Status.Steps[1].DurationMs != 41 || got[0].Request != "" {
 		t.Errorf("json %s", out.String())
 	}
 	if len(l) != 3 {

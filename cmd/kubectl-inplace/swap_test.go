@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
 
 func TestRequest(t *testing.T) {
@@ -71,13 +71,13 @@ func TestSwapCommitted(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	if st.State != kube.StateCommitted || st.SwapID != "swap-web" {
+	if st.State != podapi.StateCommitted || st.SwapID != "swap-web" {
 		t.Errorf("status %+v", st)
 	}
 	p, _ := client.CoreV1().Pods(testNS).Get(context.Background(), "web", metav1.GetOptions{})
 	raw, _, _ := o.Request()
-	if p.Annotations[kube.AnnotationSwap] != raw {
-		t.Errorf("annotation %q, want %q", p.Annotations[kube.AnnotationSwap], raw)
+	if p.Annotations[podapi.AnnotationSwap] != raw {
+		t.Errorf("annotation %q, want %q", p.Annotations[podapi.AnnotationSwap], raw)
 	}
 	if !podReady(p) {
 		t.Errorf("Swap returned before the pod was Ready again")
@@ -110,7 +110,7 @@ func TestSwapCommitted(t *testing.T) {
 }
 
 func TestSwapFails(t *testing.T) {
-	for _, end := range []string{kube.StateRolledBack, kube.StateFailed, kube.StateRollbackFailed, kube.StateRefused} {
+	for _, end := range []string{podapi.StateRolledBack, podapi.StateFailed, podapi.StateRollbackFailed, podapi.StateRefused} {
 		t.Run(end, func(t *testing.T) {
 			client := fake.NewClientset(testPod("web"))
 			newFakeNode(t, client, func(string) string { return end })
@@ -124,7 +124,7 @@ func TestSwapFails(t *testing.T) {
 			if !strings.Contains(err.Error(), se.Status.Error) || se.Status.Error == "" {
 				t.Errorf("error %q does not carry the node's %q", err, se.Status.Error)
 			}
-			if end == kube.StateRefused && !strings.Contains(err.Error(), "nothing changed") {
+			if end == podapi.StateRefused && !strings.Contains(err.Error(), "nothing changed") {
 				t.Errorf("refusal: %v", err)
 			}
 		})
@@ -146,8 +146,8 @@ func TestSwapTimeout(t *testing.T) {
 
 func TestSwapChecksFirst(t *testing.T) {
 	running := testPod("busy")
-	running.Annotations[kube.AnnotationSwap] = `{"container":"app","image":"x"}`
-	running.Annotations[kube.AnnotationSwapStatus] = `{"requestDigest":"` + kube.Digest(`{"container":"app","image":"x"}`) +
+	running.Annotations[podapi.AnnotationSwap] = `{"container":"app","image":"x"}`
+	running.Annotations[podapi.AnnotationSwapStatus] = `{"requestDigest":"` + podapi.Digest(`{"container":"app","image":"x"}`) +
 		`","swapID":"s1","state":"Running","container":"app"}`
 	unscheduled := testPod("pending")
 	unscheduled.Spec.NodeName = ""

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -14,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
 
 // errPodGone ends a follow whose pod was deleted.
@@ -101,26 +100,12 @@ func fatalAPIError(err error) bool {
 		errors.Is(err, context.DeadlineExceeded)
 }
 
-// swapStatus is the pod's status annotation, nil when there is none or it
-// is not JSON.
-func swapStatus(p *corev1.Pod) *kube.SwapStatus {
-	raw := p.Annotations[kube.AnnotationSwapStatus]
-	if raw == "" {
-		return nil
-	}
-	st := &kube.SwapStatus{}
-	if json.Unmarshal([]byte(raw), st) != nil {
-		return nil
-	}
-	return st
-}
-
 // final: the swap ended (or was refused); nothing more will be written
 // for this request.
 func final(state string) bool {
 	switch state {
-	case kube.StateCommitted, kube.StateFailed, kube.StateRolledBack, kube.StateRollbackFailed,
-		kube.StateAborted, kube.StateRefused:
+	case podapi.StateCommitted, podapi.StateFailed, podapi.StateRolledBack, podapi.StateRollbackFailed,
+		podapi.StateAborted, podapi.StateRefused:
 		return true
 	}
 	return false
@@ -139,13 +124,4 @@ func condition(p *corev1.Pod, typ corev1.PodConditionType) *corev1.PodCondition 
 func podReady(p *corev1.Pod) bool {
 	c := condition(p, corev1.PodReady)
 	return c != nil && c.Status == corev1.ConditionTrue
-}
-
-func hasReadinessGate(p *corev1.Pod) bool {
-	for _, g := range p.Spec.ReadinessGates {
-		if g.ConditionType == kube.ConditionInPlaceReady {
-			return true
-		}
-	}
-	return false
 }
