@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/inplaced/inplaced/pkg/kube/podapi"
+	"github.com/inplaced/inplaced/pkg/kubeclient"
 )
 
 // fakeNode plays inplaced on the node against a fake clientset: for every
@@ -37,6 +38,15 @@ type fakeNode struct {
 }
 
 const testNS = "default"
+
+// fakePods serves the plugin's Client from a fake clientset's pods.
+type fakePods struct{ cs *fake.Clientset }
+
+func (f fakePods) Pods(namespace string) kubeclient.PodInterface {
+	return f.cs.CoreV1().Pods(namespace)
+}
+
+func podsOf(cs *fake.Clientset) Client { return fakePods{cs: cs} }
 
 func newFakeNode(t *testing.T, client *fake.Clientset, outcome func(string) string) *fakeNode {
 	n := &fakeNode{t: t, client: client, outcome: outcome, stepDelay: 20 * time.Millisecond,

@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
@@ -46,7 +45,7 @@ var availabilityPoll = 500 * time.Millisecond
 // ends only when it committed and its pod, if it was Ready, is Ready again.
 // The first failure halts the walk: swaps already running end, no other
 // starts. The results are in walk order; the summary goes to o.Out.
-func SwapSelected(ctx context.Context, client kubernetes.Interface, o *SwapOptions) ([]PodResult, error) {
+func SwapSelected(ctx context.Context, client Client, o *SwapOptions) ([]PodResult, error) {
 	if o.Pod != "" {
 		return nil, errors.New("give a pod name or -l, not both")
 	}
@@ -64,7 +63,7 @@ func SwapSelected(ctx context.Context, client kubernetes.Interface, o *SwapOptio
 	if err != nil {
 		return nil, err
 	}
-	list, err := client.CoreV1().Pods(o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	list, err := client.Pods(o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
 	if err != nil {
 		return nil, fmt.Errorf("list pods %s: %w", o.Selector, err)
 	}
@@ -125,7 +124,7 @@ type walkDone struct {
 // walk is SwapSelected's state between pods.
 type walk struct {
 	ctx      context.Context
-	client   kubernetes.Interface
+	client   Client
 	o        *SwapOptions
 	sel      labels.Selector
 	out      *printer
@@ -194,7 +193,7 @@ func (w *walk) waitSlot(pod string, results []PodResult) error {
 // notReady lists the selected pods, other than pod and those being
 // swapped, that are not Ready now.
 func (w *walk) notReady(pod string) ([]string, error) {
-	list, err := w.client.CoreV1().Pods(w.o.Namespace).List(w.ctx, metav1.ListOptions{LabelSelector: w.sel.String()})
+	list, err := w.client.Pods(w.o.Namespace).List(w.ctx, metav1.ListOptions{LabelSelector: w.sel.String()})
 	if err != nil {
 		return nil, fmt.Errorf("list pods %s: %w", w.o.Selector, err)
 	}

@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
 	"github.com/inplaced/inplaced/pkg/kube/podapi"
@@ -68,7 +67,7 @@ func newStatusCommand(g *globals) *cobra.Command {
 }
 
 // Status reads and prints the swap status of the named or selected pods.
-func Status(ctx context.Context, client kubernetes.Interface, o *StatusOptions) ([]PodStatus, error) {
+func Status(ctx context.Context, client Client, o *StatusOptions) ([]PodStatus, error) {
 	switch o.Output {
 	case "", "table", "json", "yaml":
 	default:
@@ -77,7 +76,7 @@ func Status(ctx context.Context, client kubernetes.Interface, o *StatusOptions) 
 	if (len(o.Pods) == 0) == (o.Selector == "") {
 		return nil, errors.New("name pods or give -l SELECTOR (one of the two)")
 	}
-	pods := client.CoreV1().Pods(o.Namespace)
+	pods := client.Pods(o.Namespace)
 	var items []corev1.Pod
 	if o.Selector != "" {
 		sel, err := labels.Parse(o.Selector)

@@ -29,7 +29,7 @@ func TestStatus(t *testing.T) {
 	client := fake.NewClientset(done, pending, testPod("web-2"))
 
 	var out bytes.Buffer
-	if _, err := Status(context.Background(), client, &StatusOptions{Namespace: testNS, Pods: []string{"web-0"}, Out: &out}); err != nil {
+	if _, err := Status(context.Background(), podsOf(client), &StatusOptions{Namespace: testNS, Pods: []string{"web-0"}, Out: &out}); err != nil {
 		t.Fatal(err)
 	}
 	for _, w := range []string{"web-0", "Committed", "s1", "62ms", "affinity drift: node label disk=ssd is gone",
@@ -40,7 +40,7 @@ func TestStatus(t *testing.T) {
 	}
 
 	out.Reset()
-	l, err := Status(context.Background(), client, &StatusOptions{Namespace: testNS, Selector: "app=web", Output: "json", Out: &out})
+	l, err := Status(context.Background(), podsOf(client), &StatusOptions{Namespace: testNS, Selector: "app=web", Output: "json", Out: &out})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestStatus(t *testing.T) {
 	}
 
 	out.Reset()
-	if _, err := Status(context.Background(), client, &StatusOptions{Namespace: testNS, Pods: []string{"web-1"}, Output: "yaml", Out: &out}); err != nil {
+	if _, err := Status(context.Background(), podsOf(client), &StatusOptions{Namespace: testNS, Pods: []string{"web-1"}, Output: "yaml", Out: &out}); err != nil {
 		t.Fatal(err)
 	}
 	var one PodStatus
@@ -66,7 +66,7 @@ func TestStatus(t *testing.T) {
 	}
 
 	out.Reset()
-	if _, err := Status(context.Background(), client, &StatusOptions{Namespace: testNS, Selector: "app=web", Out: &out}); err != nil {
+	if _, err := Status(context.Background(), podsOf(client), &StatusOptions{Namespace: testNS, Selector: "app=web", Out: &out}); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "Pending (not seen by inplaced yet), before: Committed") {
@@ -75,7 +75,7 @@ func TestStatus(t *testing.T) {
 
 	for _, o := range []*StatusOptions{{Output: "xml", Pods: []string{"web-0"}}, {}, {Pods: []string{"x"}, Selector: "a=b"}, {Pods: []string{"nope"}}} {
 		o.Namespace = testNS
-		if _, err := Status(context.Background(), client, o); err == nil {
+		if _, err := Status(context.Background(), podsOf(client), o); err == nil {
 			t.Errorf("%+v: no error", o)
 		}
 	}

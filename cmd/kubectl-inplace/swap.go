@@ -16,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
@@ -185,7 +184,7 @@ func (e *SwapError) Unwrap() error { return e.Err }
 
 // Swap asks for the swap on o.Pod and follows it to its end: nil only when
 // it committed and, if the pod was Ready before, it is Ready again.
-func Swap(ctx context.Context, client kubernetes.Interface, o *SwapOptions) (*podapi.SwapStatus, error) {
+func Swap(ctx context.Context, client Client, o *SwapOptions) (*podapi.SwapStatus, error) {
 	if o.Pod == "" {
 		return nil, errors.New("name a pod, or select pods with -l")
 	}
@@ -216,14 +215,14 @@ func (p *printer) printf(pod, format string, args ...any) {
 }
 
 // swapPod writes the request on one pod and follows it.
-func swapPod(ctx context.Context, client kubernetes.Interface, o *SwapOptions, raw string, req *podapi.SwapRequest, out *printer, name string) (*podapi.SwapStatus, error) {
+func swapPod(ctx context.Context, client Client, o *SwapOptions, raw string, req *podapi.SwapRequest, out *printer, name string) (*podapi.SwapStatus, error) {
 	timeout := o.Timeout
 	if timeout <= 0 {
 		timeout = defaultTimeout
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, timeout, fmt.Errorf("no end of the swap after %s (it may still run on the node: kubectl inplace status %s)", timeout, name))
 	defer cancel()
-	pods := client.CoreV1().Pods(o.Namespace)
+	pods := client.Pods(o.Namespace)
 	pod, err := pods.Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, &SwapError{Pod: name, Err: err}

@@ -67,7 +67,7 @@ func TestSwapCommitted(t *testing.T) {
 	newFakeNode(t, client, nil)
 	var out bytes.Buffer
 	o := &SwapOptions{Namespace: testNS, Pod: "web", Container: "app", Env: []string{"A=2"}, Timeout: 10 * time.Second, Out: &out}
-	st, err := Swap(context.Background(), client, o)
+	st, err := Swap(context.Background(), podsOf(client), o)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
@@ -96,7 +96,7 @@ func TestSwapCommitted(t *testing.T) {
 	// The same request again: reported from the status, nothing written.
 	client.ClearActions()
 	out.Reset()
-	if _, err := Swap(context.Background(), client, o); err != nil {
+	if _, err := Swap(context.Background(), podsOf(client), o); err != nil {
 		t.Fatalf("again: %v\n%s", err, out.String())
 	}
 	for _, a := range client.Actions() {
@@ -115,7 +115,7 @@ func TestSwapFails(t *testing.T) {
 			client := fake.NewClientset(testPod("web"))
 			newFakeNode(t, client, func(string) string { return end })
 			var out bytes.Buffer
-			st, err := Swap(context.Background(), client, &SwapOptions{Namespace: testNS, Pod: "web", Container: "app",
+			st, err := Swap(context.Background(), podsOf(client), &SwapOptions{Namespace: testNS, Pod: "web", Container: "app",
 				Command: []string{"/app"}, SetCommand: true, Timeout: 10 * time.Second, Out: &out})
 			var se *SwapError
 			if !errors.As(err, &se) || se.Status == nil || se.Status.State != end || st.State != end {
@@ -134,7 +134,7 @@ func TestSwapFails(t *testing.T) {
 func TestSwapTimeout(t *testing.T) {
 	client := fake.NewClientset(testPod("web"))
 	start := time.Now()
-	_, err := Swap(context.Background(), client, &SwapOptions{Namespace: testNS, Pod: "web", Container: "app",
+	_, err := Swap(context.Background(), podsOf(client), &SwapOptions{Namespace: testNS, Pod: "web", Container: "app",
 		Image: "app:2", Timeout: 300 * time.Millisecond})
 	if err == nil || !strings.Contains(err.Error(), "no status from inplaced on node n1") || !strings.Contains(err.Error(), "300ms") {
 		t.Fatalf("err %v", err)
@@ -159,7 +159,7 @@ func TestSwapChecksFirst(t *testing.T) {
 		{"pending", "app", "not scheduled"},
 	} {
 		client.ClearActions()
-		_, err := Swap(context.Background(), client, &SwapOptions{Namespace: testNS, Pod: tc.pod, Container: tc.container,
+		_, err := Swap(context.Background(), podsOf(client), &SwapOptions{Namespace: testNS, Pod: tc.pod, Container: tc.container,
 			Image: "app:2", Timeout: time.Second})
 		if err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("%s/%s: err %v, want %q", tc.pod, tc.container, err, tc.err)
@@ -178,7 +178,7 @@ func TestSwapPodDeleted(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		_ = client.CoreV1().Pods(testNS).Delete(context.Background(), "web", metav1.DeleteOptions{})
 	}()
-	_, err := Swap(context.Background(), client, &SwapOptions{Namespace: testNS, Pod: "web", Container: "app",
+	_, err := Swap(context.Background(), podsOf(client), &SwapOptions{Namespace: testNS, Pod: "web", Container: "app",
 		Image: "app:2", Timeout: 5 * time.Second})
 	if !errors.Is(err, errPodGone) {
 		t.Fatalf("err %v, want %v", err, errPodGone)
@@ -189,7 +189,7 @@ func TestSwapInterrupted(t *testing.T) {
 	client := fake.NewClientset(testPod("web"))
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(200*time.Millisecond, cancel)
-	_, err := Swap(ctx, client, &SwapOptions{Namespace: testNS, Pod: "web", Container: "app", Image: "app:2", Timeout: 5 * time.Second})
+	_, err := Swap(ctx, podsOf(client), &SwapOptions{Namespace: testNS, Pod: "web", Container: "app", Image: "app:2", Timeout: 5 * time.Second})
 	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "interrupted: the request stays on the pod") {
 		t.Fatalf("err %v", err)
 	}

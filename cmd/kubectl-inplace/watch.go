@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
@@ -28,8 +27,8 @@ var rewatchDelay = time.Second
 // opened before the pod is read, so no change between the two is missed;
 // fn sees some states twice and must not mind. A watch that closes (API
 // server restart, timeout) is opened again.
-func watchPod(ctx context.Context, client kubernetes.Interface, ns, name string, fn func(*corev1.Pod) (bool, error)) error {
-	pods := client.CoreV1().Pods(ns)
+func watchPod(ctx context.Context, client Client, ns, name string, fn func(*corev1.Pod) (bool, error)) error {
+	pods := client.Pods(ns)
 	sel := fields.OneTermEqualSelector("metadata.name", name).String()
 	for {
 		w, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: sel})
