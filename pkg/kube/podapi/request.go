@@ -113,7 +113,19 @@ func (r *SwapRequest) ImageOnly() bool {
 	return r.Image != "" && len(r.Env) == 0 && len(r.UnsetEnv) == 0 && !r.hasCommand && !r.hasArgs
 }
 
+// check refuses a request that cannot run, naming the field: the checks
+// run in this order and the first refusal is the one reported.
 func (r *SwapRequest) check() error {
+	for _, c := range []func() error{r.checkChange, r.checkEnvNames, r.checkGates} {
+		if err := c(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkChange: a container, a change, an image reference, numbers in range.
+func (r *SwapRequest) checkChange() error {
 	switch {
 	case r.Container == "":
 		return &RequestError{Field: "container", Why: "required: the name of the pod's container to swap"}
@@ -126,6 +138,11 @@ func (r *SwapRequest) check() error {
 	case r.DrainSeconds < 0 || r.DrainSeconds > 3600:
 		return &RequestError{Field: "drainSeconds", Why: "want 0-3600"}
 	}
+	return nil
+}
+
+// checkEnvNames: every name set or unset is an environment variable name.
+func (r *SwapRequest) checkEnvNames() error {
 	for k := range r.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			return &RequestError{Field: "env", Why: fmt.Sprintf("%q is not an environment variable name", k)}
@@ -136,6 +153,11 @@ func (r *SwapRequest) check() error {
 			return &RequestError{Field: "unsetEnv", Why: fmt.Sprintf("%q is not an environment variable name", k)}
 		}
 	}
+	return nil
+}
+
+// checkGates: the minimum runtime and at most one health gate, well formed.
+func (r *SwapRequest) checkGates() error {
 	if r.MinRuntime != "" {
 		d, err := time.ParseDuration(r.MinRuntime)
 		if err != nil || d < 0 || d > time.Hour {
