@@ -46,37 +46,17 @@ var availabilityPoll = 500 * time.Millisecond
 // The first failure halts the walk: swaps already running end, no other
 // starts. The results are in walk order; the summary goes to o.Out.
 func SwapSelected(ctx context.Context, client Client, o *SwapOptions) ([]PodResult, error) {
-	if o.Pod != "" {
-		return nil, errors.New("give a pod name or -l, not both")
-	}
-	if o.MaxUnavailable < 1 {
-		return nil, fmt.Errorf("--max-unavailable %d: want at least 1", o.MaxUnavailable)
-	}
-	if o.Partition < 0 {
-		return nil, fmt.Errorf("--partition %d: want 0 or more", o.Partition)
-	}
-	sel, err := labels.Parse(o.Selector)
+	sel, err := o.walkSelector()
 	if err != nil {
-		return nil, fmt.Errorf("-l %q: %w", o.Selector, err)
+		return nil, err
 	}
 	raw, req, err := o.Request()
 	if err != nil {
 		return nil, err
 	}
-	list, err := client.Pods(o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	results, err := selectedPods(ctx, client, o, sel)
 	if err != nil {
-		return nil, fmt.Errorf("list pods %s: %w", o.Selector, err)
-	}
-	if len(list.Items) == 0 {
-		return nil, fmt.Errorf("no pods in namespace %s match %s", o.Namespace, o.Selector)
-	}
-	results := walkOrder(list.Items)
-	if o.Partition > 0 {
-		for _, r := range results {
-			if r.Ordinal < 0 {
-				return nil, fmt.Errorf("pod %s has no ordinal (NAME-N): --partition needs StatefulSet-style names", r.Pod)
-			}
-		}
+		return nil, err
 	}
 	out := newPrinter(o.Out)
 	w := &walk{ctx: ctx, client: client, o: o, sel: sel, out: out, inflight: map[string]bool{}, done: make(chan walkDone)}
@@ -111,6 +91,46 @@ func SwapSelected(ctx context.Context, client Client, o *SwapOptions) ([]PodResu
 	printSummary(o, results)
 	if halt != nil {
 		return results, fmt.Errorf("halted: %w", halt)
+	}
+	return results, nil
+}
+
+// walkSelector checks the options of a walk over selected pods and
+// returns the parsed selector.
+func (o *SwapOptions) walkSelector() (labels.Selector, error) {
+	if o.Pod != "" {
+		return nil, errors.New("give a pod name or -l, not both")
+	}
+	if o.MaxUnavailable < 1 {
+		return nil, fmt.Errorf("--max-unavailable %d: want at least 1", o.MaxUnavailable)
+	}
+	if o.Partition < 0 {
+		return nil, fmt.Errorf("--partition %d: want 0 or more", o.Partition)
+	}
+	sel, err := labels.Parse(o.Selector)
+	if err != nil {
+		return nil, fmt.Errorf("-l %q: %w", o.Selector, err)
+	}
+	return sel, nil
+}
+
+// selectedPods lists the pods sel selects, in walk order; with a
+// partition, every one must have an ordinal.
+func selectedPods(ctx context.Context, client Client, o *SwapOptions, sel labels.Selector) ([]PodResult, error) {
+	list, err := client.Pods(o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	if err != nil {
+		return nil, fmt.Errorf("list pods %s: %w", o.Selector, err)
+	}
+	if len(list.Items) == 0 {
+		return nil, fmt.Errorf("no pods in namespace %s match %s", o.Namespace, o.Selector)
+	}
+	results := walkOrder(list.Items)
+	if o.Partition > 0 {
+		for _, r := range results {
+			if r.Ordinal < 0 {
+				return nil, fmt.Errorf("pod %s has no ordinal (NAME-N): --partition needs StatefulSet-style names", r.Pod)
+			}
+		}
 	}
 	return results, nil
 }

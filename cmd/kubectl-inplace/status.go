@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/inplaced/inplaced/pkg/kube/podapi"
+	"github.com/inplaced/inplaced/pkg/kubeclient"
 )
 
 // StatusOptions are the flags of `kubectl inplace status`.
@@ -76,7 +77,19 @@ func Status(ctx context.Context, client Client, o *StatusOptions) ([]PodStatus, 
 	if (len(o.Pods) == 0) == (o.Selector == "") {
 		return nil, errors.New("name pods or give -l SELECTOR (one of the two)")
 	}
-	pods := client.Pods(o.Namespace)
+	items, err := statusPods(ctx, client.Pods(o.Namespace), o)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]PodStatus, 0, len(items))
+	for i := range items {
+		out = append(out, podStatus(&items[i]))
+	}
+	return out, printStatus(o, out)
+}
+
+// statusPods reads the selected pods, in walk order, then the named ones.
+func statusPods(ctx context.Context, pods kubeclient.PodInterface, o *StatusOptions) ([]corev1.Pod, error) {
 	var items []corev1.Pod
 	if o.Selector != "" {
 		sel, err := labels.Parse(o.Selector)
@@ -102,10 +115,12 @@ func Status(ctx context.Context, client Client, o *StatusOptions) ([]PodStatus, 
 		}
 		items = append(items, *p)
 	}
-	out := make([]PodStatus, 0, len(items))
-	for i := range items {
-		out = append(out, podStatus(&items[i]))
-	}
+	return items, nil
+}
+
+// printStatus writes out to o.Out as o.Output says; one named pod's is an
+// object rather than a list.
+func printStatus(o *StatusOptions, out []PodStatus) error {
 	w := o.Out
 	if w == nil {
 		w = io.Discard
@@ -118,19 +133,19 @@ func Status(ctx context.Context, client Client, o *StatusOptions) ([]PodStatus, 
 	case "json":
 		b, err := json.MarshalIndent(v, "", "  ")
 		if err != nil {
-			return nil, err
+			return err
 		}
 		_, err = fmt.Fprintf(w, "%s\n", b)
-		return out, err
+		return err
 	case "yaml":
 		b, err := yaml.Marshal(v)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		_, err = w.Write(b)
-		return out, err
+		return err
 	}
-	return out, printStatusTable(w, out)
+	return printStatusTable(w, out)
 }
 
 func podStatus(p *corev1.Pod) PodStatus {

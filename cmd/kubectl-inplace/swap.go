@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/inplaced/inplaced/pkg/kube/podapi"
+	"github.com/inplaced/inplaced/pkg/kubeclient"
 )
 
 // SwapOptions are the flags of `kubectl inplace swap`.
@@ -235,20 +236,8 @@ func swapPod(ctx context.Context, client Client, o *SwapOptions, raw string, req
 	}
 	digest := podapi.Digest(raw)
 	wasReady := podReady(pod)
-	cur := podapi.Status(pod)
-	switch {
-	case pod.Annotations[podapi.AnnotationSwap] == raw && cur != nil && cur.RequestDigest == digest:
-		// Asked before: inplaced runs a request once; follow or report it.
-		out.printf(name, "this request (%s) was made before: %s", digest, cur.State)
-	case cur != nil && cur.State == podapi.StateRunning && cur.RequestDigest != digest:
-		return nil, &SwapError{Pod: name, Err: fmt.Errorf("swap %s of container %s is still running (status of %s); wait for it to end",
-			cur.SwapID, cur.Container, cur.UpdatedAt)}
-	default:
-		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{podapi.AnnotationSwap: raw}}})
-		if _, err := pods.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "kubectl-inplace"}); err != nil {
-			return nil, &SwapError{Pod: name, Err: fmt.Errorf("write %s: %w", podapi.AnnotationSwap, err)}
-		}
-		out.printf(name, "swap of container %s requested on node %s (request %s)", req.Container, pod.Spec.NodeName, digest)
+	if err := ask(ctx, pods, pod, raw, req, out); err != nil {
+		return nil, &SwapError{Pod: name, Err: err}
 	}
 	f := &follower{out: out, pod: name, digest: digest, req: req, waitReady: wasReady, steps: map[string]bool{}}
 	err = watchPod(ctx, client, o.Namespace, name, f.see)
@@ -265,6 +254,28 @@ func swapPod(ctx context.Context, client Client, o *SwapOptions, raw string, req
 		return f.status, &SwapError{Pod: name, Status: f.status}
 	}
 	return f.status, nil
+}
+
+// ask writes the request on the pod unless the pod has it already (it
+// runs once; it is followed instead), or another swap is still running.
+func ask(ctx context.Context, pods kubeclient.PodInterface, pod *corev1.Pod, raw string, req *podapi.SwapRequest, out *printer) error {
+	digest := podapi.Digest(raw)
+	cur := podapi.Status(pod)
+	switch {
+	case pod.Annotations[podapi.AnnotationSwap] == raw && cur != nil && cur.RequestDigest == digest:
+		// Asked before: inplaced runs a request once; follow or report it.
+		out.printf(pod.Name, "this request (%s) was made before: %s", digest, cur.State)
+	case cur != nil && cur.State == podapi.StateRunning && cur.RequestDigest != digest:
+		return fmt.Errorf("swap %s of container %s is still running (status of %s); wait for it to end",
+			cur.SwapID, cur.Container, cur.UpdatedAt)
+	default:
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{podapi.AnnotationSwap: raw}}})
+		if _, err := pods.Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "kubectl-inplace"}); err != nil {
+			return fmt.Errorf("write %s: %w", podapi.AnnotationSwap, err)
+		}
+		out.printf(pod.Name, "swap of container %s requested on node %s (request %s)", req.Container, pod.Spec.NodeName, digest)
+	}
+	return nil
 }
 
 // follower prints a swap's progress from the pod's states.
@@ -284,6 +295,25 @@ type follower struct {
 }
 
 func (f *follower) see(p *corev1.Pod) (bool, error) {
+	f.seeConditions(p)
+	st := podapi.Status(p)
+	// Another container's swap writes the status with this digest kept.
+	if st != nil && st.RequestDigest == f.digest && (st.Container == "" || st.Container == f.req.Container) {
+		f.progress(st)
+	}
+	if f.status == nil || !final(f.status.State) {
+		return false, nil
+	}
+	// Committed: a pod that was Ready is available again only when Ready.
+	if f.status.State == podapi.StateCommitted && f.waitReady && !podReady(p) {
+		return false, nil
+	}
+	return true, nil
+}
+
+// seeConditions prints the changes of the readiness gate (not its first
+// True) and of Ready.
+func (f *follower) seeConditions(p *corev1.Pod) {
 	if podapi.HasReadinessGate(p) {
 		if c := condition(p, podapi.ConditionInPlaceReady); c != nil && c.Status != f.gate {
 			if f.gate != "" || c.Status != corev1.ConditionTrue {
@@ -298,19 +328,6 @@ func (f *follower) see(p *corev1.Pod) (bool, error) {
 		}
 		f.ready = &r
 	}
-	st := podapi.Status(p)
-	// Another container's swap writes the status with this digest kept.
-	if st != nil && st.RequestDigest == f.digest && (st.Container == "" || st.Container == f.req.Container) {
-		f.progress(st)
-	}
-	if f.status == nil || !final(f.status.State) {
-		return false, nil
-	}
-	// Committed: a pod that was Ready is available again only when Ready.
-	if f.status.State == podapi.StateCommitted && f.waitReady && !podReady(p) {
-		return false, nil
-	}
-	return true, nil
 }
 
 func (f *follower) progress(st *podapi.SwapStatus) {
@@ -334,6 +351,11 @@ func (f *follower) progress(st *podapi.SwapStatus) {
 		}
 		return
 	}
+	f.printEnd(st)
+}
+
+// printEnd prints an ended swap's steps with their durations and its end.
+func (f *follower) printEnd(st *podapi.SwapStatus) {
 	for _, s := range st.Steps {
 		line := fmt.Sprintf("  %-16s %8s", s.Name, ms(s.DurationMs))
 		if s.Error != "" {

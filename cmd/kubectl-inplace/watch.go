@@ -72,24 +72,33 @@ func watchOnce(ctx context.Context, w watch.Interface, get func() (*corev1.Pod, 
 			if !ok {
 				return false, nil
 			}
-			switch ev.Type {
-			case watch.Error:
-				return false, nil
-			case watch.Deleted:
-				if p, ok := ev.Object.(*corev1.Pod); ok && p.Name == name {
-					return true, errPodGone
-				}
-			case watch.Added, watch.Modified:
-				p, ok := ev.Object.(*corev1.Pod)
-				if !ok || p.Name != name {
-					continue
-				}
-				if done, err := fn(p); done || err != nil {
-					return true, err
-				}
+			if open, done, err := watchEvent(ev, name, fn); !open || done || err != nil {
+				return done, err
 			}
 		}
 	}
+}
+
+// watchEvent hands one event of the pod to fn: open false when the watch
+// must be opened again, done when the follow ends.
+func watchEvent(ev watch.Event, name string, fn func(*corev1.Pod) (bool, error)) (open, done bool, err error) {
+	switch ev.Type {
+	case watch.Error:
+		return false, false, nil
+	case watch.Deleted:
+		if p, ok := ev.Object.(*corev1.Pod); ok && p.Name == name {
+			return true, true, errPodGone
+		}
+	case watch.Added, watch.Modified:
+		p, ok := ev.Object.(*corev1.Pod)
+		if !ok || p.Name != name {
+			return true, false, nil
+		}
+		if end, ferr := fn(p); end || ferr != nil {
+			return true, true, ferr
+		}
+	}
+	return true, false, nil
 }
 
 // fatalAPIError: errors that a retry does not cure.
