@@ -1,7 +1,7 @@
 // Command kubectl-inplace is a kubectl plugin (`kubectl inplace`): it asks
 // inplaced for in-place swaps through the pod API — the inplaced.io/swap
 // annotation — and follows the inplaced.io/swap-status annotation that the
-// inplaced on the pod's node writes back (pkg/kube holds that contract).
+// inplaced on the pod's node writes back (pkg/kube/podapi holds that contract).
 // Nothing here talks to a node: it needs only a kubeconfig that may get,
 // watch and patch pods.
 package main
@@ -14,8 +14,9 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/inplaced/inplaced/pkg/kubeclient"
 )
 
 func main() {
@@ -57,9 +58,17 @@ follows the inplaced.io/swap-status annotation inplaced writes back.`,
 	return root
 }
 
-// client returns a clientset and the namespace the flags or the kubeconfig
-// context name.
-func (g *globals) client() (kubernetes.Interface, string, error) {
+// Client is what the plugin asks of the API server: pods, got, listed,
+// watched and patched. pkg/kubeclient's core/v1 client makes the requests
+// client-go's full clientset makes, without linking every API group's
+// types and clients (deps_test.go).
+type Client interface {
+	Pods(namespace string) kubeclient.PodInterface
+}
+
+// client returns a core/v1 client and the namespace the flags or the
+// kubeconfig context name.
+func (g *globals) client() (Client, string, error) {
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(g.loading, g.overrides)
 	ns, _, err := cc.Namespace()
 	if err != nil {
@@ -70,9 +79,9 @@ func (g *globals) client() (kubernetes.Interface, string, error) {
 		return nil, "", fmt.Errorf("kubeconfig: %w", err)
 	}
 	rc.UserAgent = "kubectl-inplace"
-	cs, err := kubernetes.NewForConfig(rc)
+	c, err := kubeclient.NewForConfig(rc)
 	if err != nil {
 		return nil, "", err
 	}
-	return cs, ns, nil
+	return c, ns, nil
 }

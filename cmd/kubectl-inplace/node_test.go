@@ -12,7 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
+	"github.com/inplaced/inplaced/pkg/kubeclient"
 )
 
 // fakeNode plays inplaced on the node against a fake clientset: for every
@@ -37,6 +38,15 @@ type fakeNode struct {
 }
 
 const testNS = "default"
+
+// fakePods serves the plugin's Client from a fake clientset's pods.
+type fakePods struct{ cs *fake.Clientset }
+
+func (f fakePods) Pods(namespace string) kubeclient.PodInterface {
+	return f.cs.CoreV1().Pods(namespace)
+}
+
+func podsOf(cs *fake.Clientset) Client { return fakePods{cs: cs} }
 
 func newFakeNode(t *testing.T, client *fake.Clientset, outcome func(string) string) *fakeNode {
 	n := &fakeNode{t: t, client: client, outcome: outcome, stepDelay: 20 * time.Millisecond,
@@ -73,17 +83,17 @@ func newFakeNode(t *testing.T, client *fake.Clientset, outcome func(string) stri
 }
 
 func (n *fakeNode) sync(ctx context.Context, wg *sync.WaitGroup, p *corev1.Pod) {
-	raw := p.Annotations[kube.AnnotationSwap]
+	raw := p.Annotations[podapi.AnnotationSwap]
 	if raw == "" {
 		return
 	}
-	d := kube.Digest(raw)
+	d := podapi.Digest(raw)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.seen[p.Name] == d {
 		return
 	}
-	if st := swapStatus(p); st != nil && st.RequestDigest == d {
+	if st := podapi.Status(p); st != nil && st.RequestDigest == d {
 		return
 	}
 	end := n.outcome(p.Name)
@@ -113,33 +123,33 @@ func (n *fakeNode) setBusy(pod string, b bool) {
 }
 
 func (n *fakeNode) run(ctx context.Context, pod, digest, raw, end string) {
-	req, err := kube.ParseSwapRequest(raw)
+	req, err := podapi.ParseSwapRequest(raw)
 	if err != nil {
-		n.write(ctx, pod, &kube.SwapStatus{RequestDigest: digest, State: kube.StateRefused, Error: err.Error()}, "")
+		n.write(ctx, pod, &podapi.SwapStatus{RequestDigest: digest, State: podapi.StateRefused, Error: err.Error()}, "")
 		return
 	}
-	if end == kube.StateRefused {
-		n.write(ctx, pod, &kube.SwapStatus{RequestDigest: digest, State: kube.StateRefused, Container: req.Container,
+	if end == podapi.StateRefused {
+		n.write(ctx, pod, &podapi.SwapStatus{RequestDigest: digest, State: podapi.StateRefused, Container: req.Container,
 			Error: "container " + req.Container + ": not found"}, "")
 		return
 	}
 	n.setBusy(pod, true)
 	defer n.setBusy(pod, false)
 	id := "swap-" + pod
-	n.write(ctx, pod, &kube.SwapStatus{RequestDigest: digest, State: kube.StateRunning, Container: req.Container}, "")
-	n.write(ctx, pod, &kube.SwapStatus{RequestDigest: digest, SwapID: id, State: kube.StateRunning, Container: req.Container,
-		Steps: []kube.StepStatus{{Name: "pull"}}}, "")
+	n.write(ctx, pod, &podapi.SwapStatus{RequestDigest: digest, State: podapi.StateRunning, Container: req.Container}, "")
+	n.write(ctx, pod, &podapi.SwapStatus{RequestDigest: digest, SwapID: id, State: podapi.StateRunning, Container: req.Container,
+		Steps: []podapi.StepStatus{{Name: "pull"}}}, "")
 	n.write(ctx, pod, nil, corev1.ConditionFalse)
-	n.write(ctx, pod, &kube.SwapStatus{RequestDigest: digest, SwapID: id, State: kube.StateRunning, Container: req.Container,
-		Steps: []kube.StepStatus{{Name: "stop"}}}, "")
-	st := &kube.SwapStatus{RequestDigest: digest, SwapID: id, State: kube.StateCommitted, Container: req.Container,
-		From:       &kube.ConfigStatus{Image: "app:1", Env: []string{"A"}},
-		To:         &kube.ConfigStatus{Image: "app:1", Env: []string{"A"}},
-		Steps:      []kube.StepStatus{{Name: "pull", DurationMs: 3}, {Name: "stop", DurationMs: 40}, {Name: "create", DurationMs: 5}, {Name: "health", DurationMs: 1000}},
+	n.write(ctx, pod, &podapi.SwapStatus{RequestDigest: digest, SwapID: id, State: podapi.StateRunning, Container: req.Container,
+		Steps: []podapi.StepStatus{{Name: "stop"}}}, "")
+	st := &podapi.SwapStatus{RequestDigest: digest, SwapID: id, State: podapi.StateCommitted, Container: req.Container,
+		From:       &podapi.ConfigStatus{Image: "app:1", Env: []string{"A"}},
+		To:         &podapi.ConfigStatus{Image: "app:1", Env: []string{"A"}},
+		Steps:      []podapi.StepStatus{{Name: "pull", DurationMs: 3}, {Name: "stop", DurationMs: 40}, {Name: "create", DurationMs: 5}, {Name: "health", DurationMs: 1000}},
 		DowntimeMs: 60, Override: true}
 	if end != "" {
 		st.State, st.Error = end, "health gate: container exited with code 3"
-		st.Steps = append(st.Steps, kube.StepStatus{Name: "rollback", DurationMs: 50})
+		st.Steps = append(st.Steps, podapi.StepStatus{Name: "rollback", DurationMs: 50})
 	}
 	n.write(ctx, pod, st, "")
 	n.write(ctx, pod, nil, corev1.ConditionTrue)
@@ -147,7 +157,7 @@ func (n *fakeNode) run(ctx context.Context, pod, digest, raw, end string) {
 
 // write sets the status annotation and/or the gate (and Ready with it, as
 // kubelet does for a pod with the readiness gate).
-func (n *fakeNode) write(ctx context.Context, pod string, st *kube.SwapStatus, gate corev1.ConditionStatus) {
+func (n *fakeNode) write(ctx context.Context, pod string, st *podapi.SwapStatus, gate corev1.ConditionStatus) {
 	select {
 	case <-ctx.Done():
 		return
@@ -163,10 +173,10 @@ func (n *fakeNode) write(ctx context.Context, pod string, st *kube.SwapStatus, g
 	if st != nil {
 		st.UpdatedAt = time.Now().UTC().Format(time.RFC3339Nano)
 		b, _ := json.Marshal(st)
-		p.Annotations[kube.AnnotationSwapStatus] = string(b)
+		p.Annotations[podapi.AnnotationSwapStatus] = string(b)
 	}
 	if gate != "" {
-		setCond(p, kube.ConditionInPlaceReady, gate)
+		setCond(p, podapi.ConditionInPlaceReady, gate)
 		setCond(p, corev1.PodReady, gate)
 	}
 	if _, err := pods.Update(ctx, p, metav1.UpdateOptions{}); err != nil {
@@ -189,10 +199,10 @@ func testPod(name string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS, Labels: map[string]string{"app": "web"}, Annotations: map[string]string{}},
 		Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "app", Image: "app:1"}},
-			ReadinessGates: []corev1.PodReadinessGate{{ConditionType: kube.ConditionInPlaceReady}}},
+			ReadinessGates: []corev1.PodReadinessGate{{ConditionType: podapi.ConditionInPlaceReady}}},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{
 			{Type: corev1.PodReady, Status: corev1.ConditionTrue},
-			{Type: kube.ConditionInPlaceReady, Status: corev1.ConditionTrue},
+			{Type: podapi.ConditionInPlaceReady, Status: corev1.ConditionTrue},
 		}},
 	}
 }

@@ -13,9 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/kubernetes"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
 
 // Outcomes of one pod in a walk over selected pods.
@@ -31,7 +30,7 @@ type PodResult struct {
 	Pod     string
 	Ordinal int // -1: the name has no ordinal
 	Outcome string
-	Status  *kube.SwapStatus
+	Status  *podapi.SwapStatus
 	Err     error
 }
 
@@ -46,7 +45,7 @@ var availabilityPoll = 500 * time.Millisecond
 // ends only when it committed and its pod, if it was Ready, is Ready again.
 // The first failure halts the walk: swaps already running end, no other
 // starts. The results are in walk order; the summary goes to o.Out.
-func SwapSelected(ctx context.Context, client kubernetes.Interface, o *SwapOptions) ([]PodResult, error) {
+func SwapSelected(ctx context.Context, client Client, o *SwapOptions) ([]PodResult, error) {
 	sel, err := o.walkSelector()
 	if err != nil {
 		return nil, err
@@ -61,9 +60,34 @@ func SwapSelected(ctx context.Context, client kubernetes.Interface, o *SwapOptio
 	}
 	out := newPrinter(o.Out)
 	w := &walk{ctx: ctx, client: client, o: o, sel: sel, out: out, inflight: map[string]bool{}, done: make(chan walkDone)}
-	halt := w.run(results, func(pod string) (*kube.SwapStatus, error) {
-		return swapPod(ctx, client, o, raw, req, out, pod)
-	})
+	var halt error
+	for i := range results {
+		r := &results[i]
+		if r.Ordinal >= 0 && r.Ordinal < o.Partition {
+			r.Outcome = OutcomePartition
+			continue
+		}
+		if halt == nil {
+			halt = w.waitSlot(r.Pod, results)
+		}
+		if halt != nil {
+			r.Outcome = OutcomeNotStarted
+			continue
+		}
+		w.inflight[r.Pod] = true
+		go func(i int) {
+			st, err := swapPod(ctx, client, o, raw, req, out, results[i].Pod)
+			w.done <- walkDone{i: i, st: st, err: err}
+		}(i)
+	}
+	for len(w.inflight) > 0 {
+		if err := w.collect(<-w.done, results); err != nil && halt == nil {
+			halt = err
+		}
+	}
+	if halt == nil {
+		halt = w.halt
+	}
 	printSummary(o, results)
 	if halt != nil {
 		return results, fmt.Errorf("halted: %w", halt)
@@ -72,7 +96,7 @@ func SwapSelected(ctx context.Context, client kubernetes.Interface, o *SwapOptio
 }
 
 // walkSelector checks the options of a walk over selected pods and
-// returns their selector.
+// returns the parsed selector.
 func (o *SwapOptions) walkSelector() (labels.Selector, error) {
 	if o.Pod != "" {
 		return nil, errors.New("give a pod name or -l, not both")
@@ -92,8 +116,8 @@ func (o *SwapOptions) walkSelector() (labels.Selector, error) {
 
 // selectedPods lists the pods sel selects, in walk order; with a
 // partition, every one must have an ordinal.
-func selectedPods(ctx context.Context, client kubernetes.Interface, o *SwapOptions, sel labels.Selector) ([]PodResult, error) {
-	list, err := client.CoreV1().Pods(o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+func selectedPods(ctx context.Context, client Client, o *SwapOptions, sel labels.Selector) ([]PodResult, error) {
+	list, err := client.Pods(o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
 	if err != nil {
 		return nil, fmt.Errorf("list pods %s: %w", o.Selector, err)
 	}
@@ -111,52 +135,16 @@ func selectedPods(ctx context.Context, client kubernetes.Interface, o *SwapOptio
 	return results, nil
 }
 
-// run walks results in order: a pod below the partition is skipped, the
-// others start (swap, each in its own goroutine) as slots free up, until
-// the first failure; then the running swaps end and no other starts. It
-// fills in each result's outcome and returns the first failure.
-func (w *walk) run(results []PodResult, swap func(pod string) (*kube.SwapStatus, error)) error {
-	var halt error
-	for i := range results {
-		r := &results[i]
-		if r.Ordinal >= 0 && r.Ordinal < w.o.Partition {
-			r.Outcome = OutcomePartition
-			continue
-		}
-		if halt == nil {
-			halt = w.waitSlot(r.Pod, results)
-		}
-		if halt != nil {
-			r.Outcome = OutcomeNotStarted
-			continue
-		}
-		w.inflight[r.Pod] = true
-		go func(i int, pod string) {
-			st, err := swap(pod)
-			w.done <- walkDone{i: i, st: st, err: err}
-		}(i, r.Pod)
-	}
-	for len(w.inflight) > 0 {
-		if err := w.collect(<-w.done, results); err != nil && halt == nil {
-			halt = err
-		}
-	}
-	if halt == nil {
-		halt = w.halt
-	}
-	return halt
-}
-
 type walkDone struct {
 	i   int
-	st  *kube.SwapStatus
+	st  *podapi.SwapStatus
 	err error
 }
 
 // walk is SwapSelected's state between pods.
 type walk struct {
 	ctx      context.Context
-	client   kubernetes.Interface
+	client   Client
 	o        *SwapOptions
 	sel      labels.Selector
 	out      *printer
@@ -225,7 +213,7 @@ func (w *walk) waitSlot(pod string, results []PodResult) error {
 // notReady lists the selected pods, other than pod and those being
 // swapped, that are not Ready now.
 func (w *walk) notReady(pod string) ([]string, error) {
-	list, err := w.client.CoreV1().Pods(w.o.Namespace).List(w.ctx, metav1.ListOptions{LabelSelector: w.sel.String()})
+	list, err := w.client.Pods(w.o.Namespace).List(w.ctx, metav1.ListOptions{LabelSelector: w.sel.String()})
 	if err != nil {
 		return nil, fmt.Errorf("list pods %s: %w", w.o.Selector, err)
 	}

@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
 
 func TestOrdinal(t *testing.T) {
@@ -53,12 +53,12 @@ func TestSwapSelectedHalts(t *testing.T) {
 	client := fake.NewClientset(pods("web-0", "web-1", "web-2", "web-3", "web-4")...)
 	node := newFakeNode(t, client, func(p string) string {
 		if p == "web-2" {
-			return kube.StateRolledBack
+			return podapi.StateRolledBack
 		}
 		return ""
 	})
 	var out bytes.Buffer
-	results, err := SwapSelected(context.Background(), client, &SwapOptions{Namespace: testNS, Selector: "app=web",
+	results, err := SwapSelected(context.Background(), podsOf(client), &SwapOptions{Namespace: testNS, Selector: "app=web",
 		Container: "app", Env: []string{"A=2"}, MaxUnavailable: 1, Partition: 1, Timeout: 10 * time.Second, Out: &out})
 	t.Logf("output:\n%s", out.String())
 	if err == nil || !strings.Contains(err.Error(), "halted") || !strings.Contains(err.Error(), "web-2") {
@@ -87,7 +87,7 @@ func TestSwapSelectedHalts(t *testing.T) {
 	}
 	for _, p := range []string{"web-1", "web-0"} {
 		q, _ := client.CoreV1().Pods(testNS).Get(context.Background(), p, metav1.GetOptions{})
-		if q.Annotations[kube.AnnotationSwap] != "" {
+		if q.Annotations[podapi.AnnotationSwap] != "" {
 			t.Errorf("%s got a request", p)
 		}
 	}
@@ -105,7 +105,7 @@ func TestSwapSelectedParallel(t *testing.T) {
 	client := fake.NewClientset(pods("a", "b", "c", "d", "e")...)
 	node := newFakeNode(t, client, nil)
 	node.stepDelay = 60 * time.Millisecond
-	results, err := SwapSelected(context.Background(), client, &SwapOptions{Namespace: testNS, Selector: "app=web",
+	results, err := SwapSelected(context.Background(), podsOf(client), &SwapOptions{Namespace: testNS, Selector: "app=web",
 		Container: "app", Image: "app:2", MaxUnavailable: 2, Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +144,7 @@ func TestSwapSelectedWaitsForUnavailable(t *testing.T) {
 		_, _ = client.CoreV1().Pods(testNS).Update(context.Background(), p, metav1.UpdateOptions{})
 	}()
 	var out bytes.Buffer
-	if _, err := SwapSelected(context.Background(), client, &SwapOptions{Namespace: testNS, Selector: "app=web",
+	if _, err := SwapSelected(context.Background(), podsOf(client), &SwapOptions{Namespace: testNS, Selector: "app=web",
 		Container: "app", Image: "app:2", MaxUnavailable: 1, Timeout: 10 * time.Second, Out: &out}); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
@@ -171,7 +171,7 @@ func TestSwapSelectedChecks(t *testing.T) {
 		{SwapOptions{Selector: "app=web", Pod: "web-0", Container: "app", Image: "x", MaxUnavailable: 1}, "not both"},
 	} {
 		tc.o.Namespace = testNS
-		if _, err := SwapSelected(context.Background(), client, &tc.o); err == nil || !strings.Contains(err.Error(), tc.err) {
+		if _, err := SwapSelected(context.Background(), podsOf(client), &tc.o); err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("%+v: err %v, want %q", tc.o, err, tc.err)
 		}
 	}

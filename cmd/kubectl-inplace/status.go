@@ -12,10 +12,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
+	"github.com/inplaced/inplaced/pkg/kubeclient"
 )
 
 // StatusOptions are the flags of `kubectl inplace status`.
@@ -36,9 +36,9 @@ type PodStatus struct {
 	Request       string `json:"request,omitempty"`
 	RequestDigest string `json:"requestDigest,omitempty"`
 	// Pending: the request has no status yet (inplaced has not seen it).
-	Pending bool             `json:"pending"`
-	Status  *kube.SwapStatus `json:"status,omitempty"`
-	Ready   bool             `json:"ready"`
+	Pending bool               `json:"pending"`
+	Status  *podapi.SwapStatus `json:"status,omitempty"`
+	Ready   bool               `json:"ready"`
 	// InPlaceReady and AffinityDrift are the pod conditions inplaced sets
 	// ("" when absent).
 	InPlaceReady  string `json:"inPlaceReady,omitempty"`
@@ -68,7 +68,7 @@ func newStatusCommand(g *globals) *cobra.Command {
 }
 
 // Status reads and prints the swap status of the named or selected pods.
-func Status(ctx context.Context, client kubernetes.Interface, o *StatusOptions) ([]PodStatus, error) {
+func Status(ctx context.Context, client Client, o *StatusOptions) ([]PodStatus, error) {
 	switch o.Output {
 	case "", "table", "json", "yaml":
 	default:
@@ -77,7 +77,19 @@ func Status(ctx context.Context, client kubernetes.Interface, o *StatusOptions) 
 	if (len(o.Pods) == 0) == (o.Selector == "") {
 		return nil, errors.New("name pods or give -l SELECTOR (one of the two)")
 	}
-	pods := client.CoreV1().Pods(o.Namespace)
+	items, err := statusPods(ctx, client.Pods(o.Namespace), o)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]PodStatus, 0, len(items))
+	for i := range items {
+		out = append(out, podStatus(&items[i]))
+	}
+	return out, printStatus(o, out)
+}
+
+// statusPods reads the selected pods, in walk order, then the named ones.
+func statusPods(ctx context.Context, pods kubeclient.PodInterface, o *StatusOptions) ([]corev1.Pod, error) {
 	var items []corev1.Pod
 	if o.Selector != "" {
 		sel, err := labels.Parse(o.Selector)
@@ -103,10 +115,12 @@ func Status(ctx context.Context, client kubernetes.Interface, o *StatusOptions) 
 		}
 		items = append(items, *p)
 	}
-	out := make([]PodStatus, 0, len(items))
-	for i := range items {
-		out = append(out, podStatus(&items[i]))
-	}
+	return items, nil
+}
+
+// printStatus writes out to o.Out as o.Output says; one named pod's is an
+// object rather than a list.
+func printStatus(o *StatusOptions, out []PodStatus) error {
 	w := o.Out
 	if w == nil {
 		w = io.Discard
@@ -119,32 +133,32 @@ func Status(ctx context.Context, client kubernetes.Interface, o *StatusOptions) 
 	case "json":
 		b, err := json.MarshalIndent(v, "", "  ")
 		if err != nil {
-			return nil, err
+			return err
 		}
 		_, err = fmt.Fprintf(w, "%s\n", b)
-		return out, err
+		return err
 	case "yaml":
 		b, err := yaml.Marshal(v)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		_, err = w.Write(b)
-		return out, err
+		return err
 	}
-	return out, printStatusTable(w, out)
+	return printStatusTable(w, out)
 }
 
 func podStatus(p *corev1.Pod) PodStatus {
-	s := PodStatus{Namespace: p.Namespace, Pod: p.Name, Node: p.Spec.NodeName, Request: p.Annotations[kube.AnnotationSwap],
-		Status: swapStatus(p), Ready: podReady(p)}
+	s := PodStatus{Namespace: p.Namespace, Pod: p.Name, Node: p.Spec.NodeName, Request: p.Annotations[podapi.AnnotationSwap],
+		Status: podapi.Status(p), Ready: podReady(p)}
 	if s.Request != "" {
-		s.RequestDigest = kube.Digest(s.Request)
+		s.RequestDigest = podapi.Digest(s.Request)
 		s.Pending = s.Status == nil || s.Status.RequestDigest != s.RequestDigest
 	}
-	if c := condition(p, kube.ConditionInPlaceReady); c != nil {
+	if c := condition(p, podapi.ConditionInPlaceReady); c != nil {
 		s.InPlaceReady = string(c.Status)
 	}
-	if c := condition(p, kube.ConditionAffinityDrift); c != nil {
+	if c := condition(p, podapi.ConditionAffinityDrift); c != nil {
 		s.AffinityDrift = string(c.Status)
 		if c.Status == corev1.ConditionTrue {
 			s.DriftReason = c.Message

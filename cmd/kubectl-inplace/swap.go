@@ -16,9 +16,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
+	"github.com/inplaced/inplaced/pkg/kubeclient"
 )
 
 // SwapOptions are the flags of `kubectl inplace swap`.
@@ -115,8 +115,8 @@ not yet started untouched.`,
 // Request is the inplaced.io/swap annotation value the options ask for,
 // checked as inplaced on the node will check it. The same options give the
 // same value, so asking twice runs once.
-func (o *SwapOptions) Request() (string, *kube.SwapRequest, error) {
-	r := kube.SwapRequest{Container: o.Container, Image: o.Image, UnsetEnv: o.UnsetEnv, HealthHTTP: o.HealthHTTP,
+func (o *SwapOptions) Request() (string, *podapi.SwapRequest, error) {
+	r := podapi.SwapRequest{Container: o.Container, Image: o.Image, UnsetEnv: o.UnsetEnv, HealthHTTP: o.HealthHTTP,
 		HealthTCP: o.HealthTCP, HealthExec: o.HealthExec, DrainSeconds: o.DrainSeconds}
 	for _, kv := range o.Env {
 		k, v, ok := strings.Cut(kv, "=")
@@ -149,7 +149,7 @@ func (o *SwapOptions) Request() (string, *kube.SwapRequest, error) {
 	if b, err = json.Marshal(fields); err != nil {
 		return "", nil, err
 	}
-	req, err := kube.ParseSwapRequest(string(b))
+	req, err := podapi.ParseSwapRequest(string(b))
 	if err != nil {
 		return "", nil, fmt.Errorf("the request would be refused: %w", err)
 	}
@@ -166,15 +166,15 @@ func nonNil(s []string) []string {
 // SwapError is a swap that did not commit.
 type SwapError struct {
 	Pod    string
-	Status *kube.SwapStatus // nil when none arrived
-	Err    error            // when it did not end (timeout, pod deleted, API error)
+	Status *podapi.SwapStatus // nil when none arrived
+	Err    error              // when it did not end (timeout, pod deleted, API error)
 }
 
 func (e *SwapError) Error() string {
 	switch {
 	case e.Err != nil:
 		return fmt.Sprintf("pod %s: %v", e.Pod, e.Err)
-	case e.Status.State == kube.StateRefused:
+	case e.Status.State == podapi.StateRefused:
 		return fmt.Sprintf("pod %s: request refused, nothing changed: %s", e.Pod, e.Status.Error)
 	default:
 		return fmt.Sprintf("pod %s: swap %s ended %s: %s", e.Pod, e.Status.SwapID, e.Status.State, e.Status.Error)
@@ -185,7 +185,7 @@ func (e *SwapError) Unwrap() error { return e.Err }
 
 // Swap asks for the swap on o.Pod and follows it to its end: nil only when
 // it committed and, if the pod was Ready before, it is Ready again.
-func Swap(ctx context.Context, client kubernetes.Interface, o *SwapOptions) (*kube.SwapStatus, error) {
+func Swap(ctx context.Context, client Client, o *SwapOptions) (*podapi.SwapStatus, error) {
 	if o.Pod == "" {
 		return nil, errors.New("name a pod, or select pods with -l")
 	}
@@ -216,14 +216,14 @@ func (p *printer) printf(pod, format string, args ...any) {
 }
 
 // swapPod writes the request on one pod and follows it.
-func swapPod(ctx context.Context, client kubernetes.Interface, o *SwapOptions, raw string, req *kube.SwapRequest, out *printer, name string) (*kube.SwapStatus, error) {
+func swapPod(ctx context.Context, client Client, o *SwapOptions, raw string, req *podapi.SwapRequest, out *printer, name string) (*podapi.SwapStatus, error) {
 	timeout := o.Timeout
 	if timeout <= 0 {
 		timeout = defaultTimeout
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, timeout, fmt.Errorf("no end of the swap after %s (it may still run on the node: kubectl inplace status %s)", timeout, name))
 	defer cancel()
-	pods := client.CoreV1().Pods(o.Namespace)
+	pods := client.Pods(o.Namespace)
 	pod, err := pods.Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, &SwapError{Pod: name, Err: err}
@@ -234,22 +234,10 @@ func swapPod(ctx context.Context, client kubernetes.Interface, o *SwapOptions, r
 	if pod.Spec.NodeName == "" {
 		return nil, &SwapError{Pod: name, Err: errors.New("the pod is not scheduled to a node yet")}
 	}
-	digest := kube.Digest(raw)
+	digest := podapi.Digest(raw)
 	wasReady := podReady(pod)
-	cur := swapStatus(pod)
-	switch {
-	case pod.Annotations[kube.AnnotationSwap] == raw && cur != nil && cur.RequestDigest == digest:
-		// Asked before: inplaced runs a request once; follow or report it.
-		out.printf(name, "this request (%s) was made before: %s", digest, cur.State)
-	case cur != nil && cur.State == kube.StateRunning && cur.RequestDigest != digest:
-		return nil, &SwapError{Pod: name, Err: fmt.Errorf("swap %s of container %s is still running (status of %s); wait for it to end",
-			cur.SwapID, cur.Container, cur.UpdatedAt)}
-	default:
-		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{kube.AnnotationSwap: raw}}})
-		if _, err := pods.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "kubectl-inplace"}); err != nil {
-			return nil, &SwapError{Pod: name, Err: fmt.Errorf("write %s: %w", kube.AnnotationSwap, err)}
-		}
-		out.printf(name, "swap of container %s requested on node %s (request %s)", req.Container, pod.Spec.NodeName, digest)
+	if err := ask(ctx, pods, pod, raw, req, out); err != nil {
+		return nil, &SwapError{Pod: name, Err: err}
 	}
 	f := &follower{out: out, pod: name, digest: digest, req: req, waitReady: wasReady, steps: map[string]bool{}}
 	err = watchPod(ctx, client, o.Namespace, name, f.see)
@@ -262,10 +250,32 @@ func swapPod(ctx context.Context, client kubernetes.Interface, o *SwapOptions, r
 		}
 		return f.status, &SwapError{Pod: name, Status: f.status, Err: err}
 	}
-	if f.status.State != kube.StateCommitted {
+	if f.status.State != podapi.StateCommitted {
 		return f.status, &SwapError{Pod: name, Status: f.status}
 	}
 	return f.status, nil
+}
+
+// ask writes the request on the pod unless the pod has it already (it
+// runs once; it is followed instead), or another swap is still running.
+func ask(ctx context.Context, pods kubeclient.PodInterface, pod *corev1.Pod, raw string, req *podapi.SwapRequest, out *printer) error {
+	digest := podapi.Digest(raw)
+	cur := podapi.Status(pod)
+	switch {
+	case pod.Annotations[podapi.AnnotationSwap] == raw && cur != nil && cur.RequestDigest == digest:
+		// Asked before: inplaced runs a request once; follow or report it.
+		out.printf(pod.Name, "this request (%s) was made before: %s", digest, cur.State)
+	case cur != nil && cur.State == podapi.StateRunning && cur.RequestDigest != digest:
+		return fmt.Errorf("swap %s of container %s is still running (status of %s); wait for it to end",
+			cur.SwapID, cur.Container, cur.UpdatedAt)
+	default:
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{podapi.AnnotationSwap: raw}}})
+		if _, err := pods.Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "kubectl-inplace"}); err != nil {
+			return fmt.Errorf("write %s: %w", podapi.AnnotationSwap, err)
+		}
+		out.printf(pod.Name, "swap of container %s requested on node %s (request %s)", req.Container, pod.Spec.NodeName, digest)
+	}
+	return nil
 }
 
 // follower prints a swap's progress from the pod's states.
@@ -273,11 +283,11 @@ type follower struct {
 	out       *printer
 	pod       string
 	digest    string
-	req       *kube.SwapRequest
+	req       *podapi.SwapRequest
 	waitReady bool
 
-	status  *kube.SwapStatus // the last status of this request
-	steps   map[string]bool  // printed
+	status  *podapi.SwapStatus // the last status of this request
+	steps   map[string]bool    // printed
 	swapID  string
 	gate    corev1.ConditionStatus
 	ready   *bool
@@ -285,10 +295,29 @@ type follower struct {
 }
 
 func (f *follower) see(p *corev1.Pod) (bool, error) {
-	if hasReadinessGate(p) {
-		if c := condition(p, kube.ConditionInPlaceReady); c != nil && c.Status != f.gate {
+	f.seeConditions(p)
+	st := podapi.Status(p)
+	// Another container's swap writes the status with this digest kept.
+	if st != nil && st.RequestDigest == f.digest && (st.Container == "" || st.Container == f.req.Container) {
+		f.progress(st)
+	}
+	if f.status == nil || !final(f.status.State) {
+		return false, nil
+	}
+	// Committed: a pod that was Ready is available again only when Ready.
+	if f.status.State == podapi.StateCommitted && f.waitReady && !podReady(p) {
+		return false, nil
+	}
+	return true, nil
+}
+
+// seeConditions prints the changes of the readiness gate (not its first
+// True) and of Ready.
+func (f *follower) seeConditions(p *corev1.Pod) {
+	if podapi.HasReadinessGate(p) {
+		if c := condition(p, podapi.ConditionInPlaceReady); c != nil && c.Status != f.gate {
 			if f.gate != "" || c.Status != corev1.ConditionTrue {
-				f.out.printf(f.pod, "%s=%s%s", kube.ConditionInPlaceReady, c.Status, paren(c.Reason))
+				f.out.printf(f.pod, "%s=%s%s", podapi.ConditionInPlaceReady, c.Status, paren(c.Reason))
 			}
 			f.gate = c.Status
 		}
@@ -299,22 +328,9 @@ func (f *follower) see(p *corev1.Pod) (bool, error) {
 		}
 		f.ready = &r
 	}
-	st := swapStatus(p)
-	// Another container's swap writes the status with this digest kept.
-	if st != nil && st.RequestDigest == f.digest && (st.Container == "" || st.Container == f.req.Container) {
-		f.progress(st)
-	}
-	if f.status == nil || !final(f.status.State) {
-		return false, nil
-	}
-	// Committed: a pod that was Ready is available again only when Ready.
-	if f.status.State == kube.StateCommitted && f.waitReady && !podReady(p) {
-		return false, nil
-	}
-	return true, nil
 }
 
-func (f *follower) progress(st *kube.SwapStatus) {
+func (f *follower) progress(st *podapi.SwapStatus) {
 	if f.status != nil && final(f.status.State) {
 		return
 	}
@@ -322,11 +338,11 @@ func (f *follower) progress(st *kube.SwapStatus) {
 	if st.SwapID != "" && st.SwapID != f.swapID {
 		f.swapID = st.SwapID
 		f.out.printf(f.pod, "swap ID %s", st.SwapID)
-	} else if st.State == kube.StateRunning && !f.running {
+	} else if st.State == podapi.StateRunning && !f.running {
 		f.out.printf(f.pod, "swap started")
 	}
-	f.running = f.running || st.State == kube.StateRunning
-	if st.State == kube.StateRunning {
+	f.running = f.running || st.State == podapi.StateRunning
+	if st.State == podapi.StateRunning {
 		for _, s := range st.Steps {
 			if !f.steps[s.Name] {
 				f.steps[s.Name] = true
@@ -335,6 +351,11 @@ func (f *follower) progress(st *kube.SwapStatus) {
 		}
 		return
 	}
+	f.printEnd(st)
+}
+
+// printEnd prints an ended swap's steps with their durations and its end.
+func (f *follower) printEnd(st *podapi.SwapStatus) {
 	for _, s := range st.Steps {
 		line := fmt.Sprintf("  %-16s %8s", s.Name, ms(s.DurationMs))
 		if s.Error != "" {
@@ -343,14 +364,14 @@ func (f *follower) progress(st *kube.SwapStatus) {
 		f.out.printf(f.pod, "%s", line)
 	}
 	switch st.State {
-	case kube.StateCommitted:
+	case podapi.StateCommitted:
 		f.out.printf(f.pod, "%s: %s, downtime %s", st.State, describe(f.req), ms(st.DowntimeMs))
-	case kube.StateRefused:
+	case podapi.StateRefused:
 		f.out.printf(f.pod, "%s, nothing changed: %s", st.State, st.Error)
 	default:
 		f.out.printf(f.pod, "%s: %s", st.State, st.Error)
 	}
-	if st.State == kube.StateCommitted && f.waitReady {
+	if st.State == podapi.StateCommitted && f.waitReady {
 		f.out.printf(f.pod, "waiting for Ready")
 	}
 }
@@ -358,7 +379,7 @@ func (f *follower) progress(st *kube.SwapStatus) {
 // change says what a swap changed, from its status: the image from → to,
 // env names added (+) and removed (-) — the status holds no env values —
 // a new command or args.
-func change(st *kube.SwapStatus) string {
+func change(st *podapi.SwapStatus) string {
 	if st.From == nil || st.To == nil {
 		return "container " + st.Container
 	}
@@ -404,7 +425,7 @@ func envNames(env []string) map[string]bool {
 
 // describe says what a request asks for; env values are left out, as
 // inplaced leaves them out of its status.
-func describe(r *kube.SwapRequest) string {
+func describe(r *podapi.SwapRequest) string {
 	var parts []string
 	if r.Image != "" {
 		parts = append(parts, "image "+r.Image)

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
 
 func TestRequest(t *testing.T) {
@@ -67,17 +67,17 @@ func TestSwapCommitted(t *testing.T) {
 	newFakeNode(t, client, nil)
 	var out bytes.Buffer
 	o := &SwapOptions{Namespace: testNS, Pod: "web", Container: "app", Env: []string{"A=2"}, Timeout: 10 * time.Second, Out: &out}
-	st, err := Swap(context.Background(), client, o)
+	st, err := Swap(context.Background(), podsOf(client), o)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	if st.State != kube.StateCommitted || st.SwapID != "swap-web" {
+	if st.State != podapi.StateCommitted || st.SwapID != "swap-web" {
 		t.Errorf("status %+v", st)
 	}
 	p, _ := client.CoreV1().Pods(testNS).Get(context.Background(), "web", metav1.GetOptions{})
 	raw, _, _ := o.Request()
-	if p.Annotations[kube.AnnotationSwap] != raw {
-		t.Errorf("annotation %q, want %q", p.Annotations[kube.AnnotationSwap], raw)
+	if p.Annotations[podapi.AnnotationSwap] != raw {
+		t.Errorf("annotation %q, want %q", p.Annotations[podapi.AnnotationSwap], raw)
 	}
 	if !podReady(p) {
 		t.Errorf("Swap returned before the pod was Ready again")
@@ -96,7 +96,7 @@ func TestSwapCommitted(t *testing.T) {
 	// The same request again: reported from the status, nothing written.
 	client.ClearActions()
 	out.Reset()
-	if _, err := Swap(context.Background(), client, o); err != nil {
+	if _, err := Swap(context.Background(), podsOf(client), o); err != nil {
 		t.Fatalf("again: %v\n%s", err, out.String())
 	}
 	for _, a := range client.Actions() {
@@ -110,12 +110,12 @@ func TestSwapCommitted(t *testing.T) {
 }
 
 func TestSwapFails(t *testing.T) {
-	for _, end := range []string{kube.StateRolledBack, kube.StateFailed, kube.StateRollbackFailed, kube.StateRefused} {
+	for _, end := range []string{podapi.StateRolledBack, podapi.StateFailed, podapi.StateRollbackFailed, podapi.StateRefused} {
 		t.Run(end, func(t *testing.T) {
 			client := fake.NewClientset(testPod("web"))
 			newFakeNode(t, client, func(string) string { return end })
 			var out bytes.Buffer
-			st, err := Swap(context.Background(), client, &SwapOptions{Namespace: testNS, Pod: "web", Container: "app",
+			st, err := Swap(context.Background(), podsOf(client), &SwapOptions{Namespace: testNS, Pod: "web", Container: "app",
 				Command: []string{"/app"}, SetCommand: true, Timeout: 10 * time.Second, Out: &out})
 			var se *SwapError
 			if !errors.As(err, &se) || se.Status == nil || se.Status.State != end || st.State != end {
@@ -124,7 +124,7 @@ func TestSwapFails(t *testing.T) {
 			if !strings.Contains(err.Error(), se.Status.Error) || se.Status.Error == "" {
 				t.Errorf("error %q does not carry the node's %q", err, se.Status.Error)
 			}
-			if end == kube.StateRefused && !strings.Contains(err.Error(), "nothing changed") {
+			if end == podapi.StateRefused && !strings.Contains(err.Error(), "nothing changed") {
 				t.Errorf("refusal: %v", err)
 			}
 		})
@@ -134,7 +134,7 @@ func TestSwapFails(t *testing.T) {
 func TestSwapTimeout(t *testing.T) {
 	client := fake.NewClientset(testPod("web"))
 	start := time.Now()
-	_, err := Swap(context.Background(), client, &SwapOptions{Namespace: testNS, Pod: "web", Container: "app",
+	_, err := Swap(context.Background(), podsOf(client), &SwapOptions{Namespace: testNS, Pod: "web", Container: "app",
 		Image: "app:2", Timeout: 300 * time.Millisecond})
 	if err == nil || !strings.Contains(err.Error(), "no status from inplaced on node n1") || !strings.Contains(err.Error(), "300ms") {
 		t.Fatalf("err %v", err)
@@ -146,8 +146,8 @@ func TestSwapTimeout(t *testing.T) {
 
 func TestSwapChecksFirst(t *testing.T) {
 	running := testPod("busy")
-	running.Annotations[kube.AnnotationSwap] = `{"container":"app","image":"x"}`
-	running.Annotations[kube.AnnotationSwapStatus] = `{"requestDigest":"` + kube.Digest(`{"container":"app","image":"x"}`) +
+	running.Annotations[podapi.AnnotationSwap] = `{"container":"app","image":"x"}`
+	running.Annotations[podapi.AnnotationSwapStatus] = `{"requestDigest":"` + podapi.Digest(`{"container":"app","image":"x"}`) +
 		`","swapID":"s1","state":"Running","container":"app"}`
 	unscheduled := testPod("pending")
 	unscheduled.Spec.NodeName = ""
@@ -159,7 +159,7 @@ func TestSwapChecksFirst(t *testing.T) {
 		{"pending", "app", "not scheduled"},
 	} {
 		client.ClearActions()
-		_, err := Swap(context.Background(), client, &SwapOptions{Namespace: testNS, Pod: tc.pod, Container: tc.container,
+		_, err := Swap(context.Background(), podsOf(client), &SwapOptions{Namespace: testNS, Pod: tc.pod, Container: tc.container,
 			Image: "app:2", Timeout: time.Second})
 		if err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("%s/%s: err %v, want %q", tc.pod, tc.container, err, tc.err)
@@ -178,7 +178,7 @@ func TestSwapPodDeleted(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		_ = client.CoreV1().Pods(testNS).Delete(context.Background(), "web", metav1.DeleteOptions{})
 	}()
-	_, err := Swap(context.Background(), client, &SwapOptions{Namespace: testNS, Pod: "web", Container: "app",
+	_, err := Swap(context.Background(), podsOf(client), &SwapOptions{Namespace: testNS, Pod: "web", Container: "app",
 		Image: "app:2", Timeout: 5 * time.Second})
 	if !errors.Is(err, errPodGone) {
 		t.Fatalf("err %v, want %v", err, errPodGone)
@@ -189,7 +189,7 @@ func TestSwapInterrupted(t *testing.T) {
 	client := fake.NewClientset(testPod("web"))
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(200*time.Millisecond, cancel)
-	_, err := Swap(ctx, client, &SwapOptions{Namespace: testNS, Pod: "web", Container: "app", Image: "app:2", Timeout: 5 * time.Second})
+	_, err := Swap(ctx, podsOf(client), &SwapOptions{Namespace: testNS, Pod: "web", Container: "app", Image: "app:2", Timeout: 5 * time.Second})
 	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "interrupted: the request stays on the pod") {
 		t.Fatalf("err %v", err)
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -12,9 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
 
 // errPodGone ends a follow whose pod was deleted.
@@ -29,8 +27,8 @@ var rewatchDelay = time.Second
 // opened before the pod is read, so no change between the two is missed;
 // fn sees some states twice and must not mind. A watch that closes (API
 // server restart, timeout) is opened again.
-func watchPod(ctx context.Context, client kubernetes.Interface, ns, name string, fn func(*corev1.Pod) (bool, error)) error {
-	pods := client.CoreV1().Pods(ns)
+func watchPod(ctx context.Context, client Client, ns, name string, fn func(*corev1.Pod) (bool, error)) error {
+	pods := client.Pods(ns)
 	sel := fields.OneTermEqualSelector("metadata.name", name).String()
 	for {
 		w, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: sel})
@@ -74,24 +72,33 @@ func watchOnce(ctx context.Context, w watch.Interface, get func() (*corev1.Pod, 
 			if !ok {
 				return false, nil
 			}
-			switch ev.Type {
-			case watch.Error:
-				return false, nil
-			case watch.Deleted:
-				if p, ok := ev.Object.(*corev1.Pod); ok && p.Name == name {
-					return true, errPodGone
-				}
-			case watch.Added, watch.Modified:
-				p, ok := ev.Object.(*corev1.Pod)
-				if !ok || p.Name != name {
-					continue
-				}
-				if done, err := fn(p); done || err != nil {
-					return true, err
-				}
+			if open, done, err := watchEvent(ev, name, fn); !open || done || err != nil {
+				return done, err
 			}
 		}
 	}
+}
+
+// watchEvent hands one event of the pod to fn: open false when the watch
+// must be opened again, done when the follow ends.
+func watchEvent(ev watch.Event, name string, fn func(*corev1.Pod) (bool, error)) (open, done bool, err error) {
+	switch ev.Type {
+	case watch.Error:
+		return false, false, nil
+	case watch.Deleted:
+		if p, ok := ev.Object.(*corev1.Pod); ok && p.Name == name {
+			return true, true, errPodGone
+		}
+	case watch.Added, watch.Modified:
+		p, ok := ev.Object.(*corev1.Pod)
+		if !ok || p.Name != name {
+			return true, false, nil
+		}
+		if end, ferr := fn(p); end || ferr != nil {
+			return true, true, ferr
+		}
+	}
+	return true, false, nil
 }
 
 // fatalAPIError: errors that a retry does not cure.
@@ -101,26 +108,12 @@ func fatalAPIError(err error) bool {
 		errors.Is(err, context.DeadlineExceeded)
 }
 
-// swapStatus is the pod's status annotation, nil when there is none or it
-// is not JSON.
-func swapStatus(p *corev1.Pod) *kube.SwapStatus {
-	raw := p.Annotations[kube.AnnotationSwapStatus]
-	if raw == "" {
-		return nil
-	}
-	st := &kube.SwapStatus{}
-	if json.Unmarshal([]byte(raw), st) != nil {
-		return nil
-	}
-	return st
-}
-
 // final: the swap ended (or was refused); nothing more will be written
 // for this request.
 func final(state string) bool {
 	switch state {
-	case kube.StateCommitted, kube.StateFailed, kube.StateRolledBack, kube.StateRollbackFailed,
-		kube.StateAborted, kube.StateRefused:
+	case podapi.StateCommitted, podapi.StateFailed, podapi.StateRolledBack, podapi.StateRollbackFailed,
+		podapi.StateAborted, podapi.StateRefused:
 		return true
 	}
 	return false
@@ -139,13 +132,4 @@ func condition(p *corev1.Pod, typ corev1.PodConditionType) *corev1.PodCondition 
 func podReady(p *corev1.Pod) bool {
 	c := condition(p, corev1.PodReady)
 	return c != nil && c.Status == corev1.ConditionTrue
-}
-
-func hasReadinessGate(p *corev1.Pod) bool {
-	for _, g := range p.Spec.ReadinessGates {
-		if g.ConditionType == kube.ConditionInPlaceReady {
-			return true
-		}
-	}
-	return false
 }

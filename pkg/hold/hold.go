@@ -169,14 +169,23 @@ func Hold(ctx context.Context, netnsPath string, ports []uint16, mode Mode, opts
 	if others {
 		h.mode, h.why = ModeDrop, "another program uses nfnetlink_queue in this network namespace"
 	}
+	if err := h.installFreeSlot(ctx); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// installFreeSlot installs the hold in the first free slot, falling back
+// from queue to drop where the queue cannot be used.
+func (h *Held) installFreeSlot(ctx context.Context) error {
 	for slot := 0; slot < slots; slot++ {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
 		err := h.installSlot(slot)
 		if err == nil {
 			h.start = time.Now()
-			return h, nil
+			return nil
 		}
 		if !errors.Is(err, unix.EEXIST) && !errors.Is(err, unix.EBUSY) && !errors.Is(err, unix.EPERM) {
 			if h.mode == ModeQueue {
@@ -186,10 +195,10 @@ func Hold(ctx context.Context, netnsPath string, ports []uint16, mode Mode, opts
 				slot--
 				continue
 			}
-			return nil, err
+			return err
 		}
 	}
-	return nil, fmt.Errorf("hold: %d holds already in this network namespace", slots)
+	return fmt.Errorf("hold: %d holds already in this network namespace", slots)
 }
 
 // installSlot binds the slot's queues (queue mode) and installs its table.

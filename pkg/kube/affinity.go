@@ -13,6 +13,7 @@ import (
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 
 	"github.com/inplaced/inplaced/pkg/errkind"
@@ -61,14 +62,14 @@ func (c *Controller) Admit(_ context.Context, namespace, name, uid string) (stri
 	}
 	why := Drift(pod, node)
 	if why == "" {
-		if conditionStatus(pod, ConditionAffinityDrift) == corev1.ConditionTrue {
-			go c.setCondition(pod, ConditionAffinityDrift, corev1.ConditionFalse, "Fits", "the pod fits its node again")
+		if conditionStatus(pod, podapi.ConditionAffinityDrift) == corev1.ConditionTrue {
+			go c.setCondition(pod, podapi.ConditionAffinityDrift, corev1.ConditionFalse, "Fits", "the pod fits its node again")
 		}
 		return "", nil
 	}
 	go func() {
 		c.event(pod, corev1.EventTypeWarning, "AffinityDrift", "pod no longer fits its node: %s", why)
-		c.setCondition(pod, ConditionAffinityDrift, corev1.ConditionTrue, "NoLongerFits", why)
+		c.setCondition(pod, podapi.ConditionAffinityDrift, corev1.ConditionTrue, "NoLongerFits", why)
 	}()
 	if c.affinityDrift == DriftRefuse {
 		return "", errkind.Errorf(errkind.Refused, "pod %s/%s no longer fits its node (%s): swap refused (--affinity-drift=refuse); the scheduler would place it elsewhere — recreate the pod", namespace, name, why)

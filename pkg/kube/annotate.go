@@ -13,97 +13,40 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 	"github.com/inplaced/inplaced/pkg/swap"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
-// Event reasons on the pod (a contract: tooling watches them).
-const (
-	EventSwapStarted    = "InPlaceSwapStarted"
-	EventSwapCommitted  = "InPlaceSwapCommitted"
-	EventSwapFailed     = "InPlaceSwapFailed"
-	EventSwapRolledBack = "InPlaceSwapRolledBack"
-	// EventNeverListened: the new container of a committed swap had not
-	// listened by the hold's limit on a port the old one listened on (a
-	// kubelet-driven swap, or a pod that opted out of the rollback).
-	EventNeverListened = "InPlaceSwapNeverListened"
-)
-
-// CallerAnnotation describes who asked for an annotation-driven swap.
-const CallerAnnotation = "pod annotation " + AnnotationSwap
-
-// Status states written to inplaced.io/swap-status.
-const (
-	StateRefused        = "Refused"
-	StateRunning        = "Running"
-	StateCommitted      = "Committed"
-	StateFailed         = "Failed"
-	StateRolledBack     = "RolledBack"
-	StateRollbackFailed = "RollbackFailed"
-	StateAborted        = "Aborted"
-)
-
-// SwapStatus is the JSON of the inplaced.io/swap-status annotation.
-type SwapStatus struct {
-	RequestDigest string        `json:"requestDigest"`
-	SwapID        string        `json:"swapID,omitempty"`
-	State         string        `json:"state"`
-	Container     string        `json:"container,omitempty"`
-	From          *ConfigStatus `json:"from,omitempty"`
-	To            *ConfigStatus `json:"to,omitempty"`
-	Steps         []StepStatus  `json:"steps,omitempty"`
-	DowntimeMs    float64       `json:"downtimeMs,omitempty"`
-	Error         string        `json:"error,omitempty"`
-	// Override: the container runs a config the pod spec does not declare
-	// (env, command, args) until the spec changes.
-	Override  bool   `json:"override,omitempty"`
-	UpdatedAt string `json:"updatedAt"`
-}
-
-// ConfigStatus is what a swap changes; env values are never shown.
-type ConfigStatus struct {
-	Image   string   `json:"image,omitempty"`
-	Env     []string `json:"env,omitempty"`
-	Command []string `json:"command,omitempty"`
-	Args    []string `json:"args,omitempty"`
-}
-
-// StepStatus is one timed step.
-type StepStatus struct {
-	Name       string  `json:"name"`
-	DurationMs float64 `json:"durationMs"`
-	Error      string  `json:"error,omitempty"`
-}
-
-func configStatus(s *inplacedv1.ConfigSummary) *ConfigStatus {
+func configStatus(s *inplacedv1.ConfigSummary) *podapi.ConfigStatus {
 	if s == nil {
 		return nil
 	}
-	return &ConfigStatus{Image: s.Image, Env: s.Env, Command: s.Command, Args: s.Args}
+	return &podapi.ConfigStatus{Image: s.Image, Env: s.Env, Command: s.Command, Args: s.Args}
 }
 
 // statusFromRecord turns a swap record into the status annotation.
-func statusFromRecord(digest string, rec *inplacedv1.SwapRecord) *SwapStatus {
-	st := &SwapStatus{RequestDigest: digest, SwapID: rec.Id, Container: rec.Container,
+func statusFromRecord(digest string, rec *inplacedv1.SwapRecord) *podapi.SwapStatus {
+	st := &podapi.SwapStatus{RequestDigest: digest, SwapID: rec.Id, Container: rec.Container,
 		From: configStatus(rec.From), To: configStatus(rec.To), Error: rec.Error,
 		DowntimeMs: float64(rec.DowntimeNs) / 1e6}
 	for _, s := range rec.Steps {
-		st.Steps = append(st.Steps, StepStatus{Name: s.Name, DurationMs: float64(s.DurationNs) / 1e6, Error: s.Error})
+		st.Steps = append(st.Steps, podapi.StepStatus{Name: s.Name, DurationMs: float64(s.DurationNs) / 1e6, Error: s.Error})
 	}
 	switch rec.State {
 	case inplacedv1.SwapState_SWAP_STATE_RUNNING:
-		st.State = StateRunning
+		st.State = podapi.StateRunning
 	case inplacedv1.SwapState_SWAP_STATE_COMMITTED:
-		st.State, st.Override = StateCommitted, true
+		st.State, st.Override = podapi.StateCommitted, true
 	case inplacedv1.SwapState_SWAP_STATE_FAILED:
-		st.State = StateFailed
+		st.State = podapi.StateFailed
 		if rolledBack(rec) {
-			st.State = StateRolledBack
+			st.State = podapi.StateRolledBack
 		}
 	case inplacedv1.SwapState_SWAP_STATE_ROLLBACK_FAILED:
-		st.State = StateRollbackFailed
+		st.State = podapi.StateRollbackFailed
 	default:
-		st.State = StateAborted
+		st.State = podapi.StateAborted
 	}
 	return st
 }
@@ -111,27 +54,6 @@ func statusFromRecord(digest string, rec *inplacedv1.SwapRecord) *SwapStatus {
 func rolledBack(rec *inplacedv1.SwapRecord) bool {
 	for _, s := range rec.Steps {
 		if s.Name == swap.StepRollback && s.Error == "" {
-			return true
-		}
-	}
-	return false
-}
-
-func readStatus(pod *corev1.Pod) *SwapStatus {
-	raw := pod.Annotations[AnnotationSwapStatus]
-	if raw == "" {
-		return nil
-	}
-	st := &SwapStatus{}
-	if json.Unmarshal([]byte(raw), st) != nil {
-		return nil
-	}
-	return st
-}
-
-func hasReadinessGate(pod *corev1.Pod) bool {
-	for _, g := range pod.Spec.ReadinessGates {
-		if string(g.ConditionType) == ConditionInPlaceReady {
 			return true
 		}
 	}
@@ -151,16 +73,16 @@ func conditionStatus(pod *corev1.Pod, typ string) corev1.ConditionStatus {
 // once per distinct request, and keeps the readiness gate True while no
 // swap runs.
 func (c *Controller) syncRequest(pod *corev1.Pod) {
-	raw := pod.Annotations[AnnotationSwap]
+	raw := pod.Annotations[podapi.AnnotationSwap]
 	running := c.requestRunning(pod.UID)
-	if hasReadinessGate(pod) && !running && conditionStatus(pod, ConditionInPlaceReady) != corev1.ConditionTrue {
-		c.setCondition(pod, ConditionInPlaceReady, corev1.ConditionTrue, "NoSwapRunning", "no in-place swap is running")
+	if podapi.HasReadinessGate(pod) && !running && conditionStatus(pod, podapi.ConditionInPlaceReady) != corev1.ConditionTrue {
+		c.setCondition(pod, podapi.ConditionInPlaceReady, corev1.ConditionTrue, "NoSwapRunning", "no in-place swap is running")
 	}
 	if raw == "" || running {
 		return
 	}
-	digest := Digest(raw)
-	if st := readStatus(pod); st != nil && st.RequestDigest == digest {
+	digest := podapi.Digest(raw)
+	if st := podapi.Status(pod); st != nil && st.RequestDigest == digest {
 		return // seen: ran, runs, or was refused
 	}
 	c.mu.Lock()
@@ -171,18 +93,18 @@ func (c *Controller) syncRequest(pod *corev1.Pod) {
 	c.seen[pod.UID] = digest
 	c.mu.Unlock()
 	log := c.log.With(zap.String("pod", pod.Namespace+"/"+pod.Name), zap.String("request", digest))
-	req, err := ParseSwapRequest(raw)
+	req, err := podapi.ParseSwapRequest(raw)
 	if err != nil {
 		log.Warn("swap request refused", zap.Error(err))
 		c.refuse(pod, digest, "", err)
 		return
 	}
-	change, opts := req.Change()
+	change, opts := changeOf(req)
 	hooks := swap.Hooks{}
-	if hasReadinessGate(pod) {
+	if podapi.HasReadinessGate(pod) {
 		drain := time.Duration(req.DrainSeconds) * time.Second
 		hooks.BeforeStop = func(ctx context.Context) error {
-			c.setCondition(pod, ConditionInPlaceReady, corev1.ConditionFalse, "InPlaceSwap",
+			c.setCondition(pod, podapi.ConditionInPlaceReady, corev1.ConditionFalse, "InPlaceSwap",
 				fmt.Sprintf("in-place swap of container %s: out of the Service endpoints for %s before the old container stops", req.Container, drain))
 			// The endpoints follow the pod's Ready, which kubelet recomputes
 			// from the gate some time after the write: the drain counts from
@@ -220,8 +142,8 @@ func (c *Controller) syncRequest(pod *corev1.Pod) {
 	c.mu.Lock()
 	c.requests[pod.UID] = digest
 	c.mu.Unlock()
-	c.event(pod, corev1.EventTypeNormal, EventSwapStarted, "in-place swap of container %s requested by %s started", req.Container, AnnotationSwap)
-	c.writeStatus(pod, &SwapStatus{RequestDigest: digest, State: StateRunning, Container: req.Container})
+	c.event(pod, corev1.EventTypeNormal, podapi.EventSwapStarted, "in-place swap of container %s requested by %s started", req.Container, podapi.AnnotationSwap)
+	c.writeStatus(pod, &podapi.SwapStatus{RequestDigest: digest, State: podapi.StateRunning, Container: req.Container})
 	go c.follow(pod, digest, req, specHash, sub)
 }
 
@@ -262,12 +184,12 @@ func (c *Controller) awaitNotReady(ctx context.Context, pod *corev1.Pod, d time.
 
 // follow writes the swap's progress and end to the pod, and after a
 // commit hands the image over to the spec (specHash set).
-func (c *Controller) follow(pod *corev1.Pod, digest string, req *SwapRequest, specHash string, sub *swap.Subscription) {
+func (c *Controller) follow(pod *corev1.Pod, digest string, req *podapi.SwapRequest, specHash string, sub *swap.Subscription) {
 	container := req.Container
 	readied := false
 	ready := func() {
-		if hasReadinessGate(pod) && !readied {
-			c.setCondition(pod, ConditionInPlaceReady, corev1.ConditionTrue, "NoSwapRunning", "no in-place swap is running")
+		if podapi.HasReadinessGate(pod) && !readied {
+			c.setCondition(pod, podapi.ConditionInPlaceReady, corev1.ConditionTrue, "NoSwapRunning", "no in-place swap is running")
 		}
 		readied = true
 	}
@@ -281,20 +203,20 @@ func (c *Controller) follow(pod *corev1.Pod, digest string, req *SwapRequest, sp
 	for ev := range sub.C {
 		last = ev
 		if ev.Record == nil && strings.HasPrefix(ev.Message, "done") {
-			c.writeStatus(pod, &SwapStatus{RequestDigest: digest, SwapID: ev.SwapId, State: StateRunning, Container: container,
-				Steps: []StepStatus{{Name: ev.Step}}})
+			c.writeStatus(pod, &podapi.SwapStatus{RequestDigest: digest, SwapID: ev.SwapId, State: podapi.StateRunning, Container: container,
+				Steps: []podapi.StepStatus{{Name: ev.Step}}})
 		}
 	}
 	if last == nil || last.Record == nil {
-		c.writeStatus(pod, &SwapStatus{RequestDigest: digest, State: StateAborted, Container: container, Error: "the swap ended without a record (inplaced stopping?)"})
+		c.writeStatus(pod, &podapi.SwapStatus{RequestDigest: digest, State: podapi.StateAborted, Container: container, Error: "the swap ended without a record (inplaced stopping?)"})
 		return
 	}
 	rec := last.Record
 	st := statusFromRecord(digest, rec)
 	c.writeStatus(pod, st)
 	switch st.State {
-	case StateCommitted:
-		c.event(pod, corev1.EventTypeNormal, EventSwapCommitted, "container %s swapped in place (%s → %s), downtime %s",
+	case podapi.StateCommitted:
+		c.event(pod, corev1.EventTypeNormal, podapi.EventSwapCommitted, "container %s swapped in place (%s → %s), downtime %s",
 			container, rec.From.GetImage(), rec.To.GetImage(), time.Duration(rec.DowntimeNs).Round(time.Millisecond))
 		if specHash != "" {
 			// The new container passed its health gate: back in the endpoints
@@ -305,11 +227,11 @@ func (c *Controller) follow(pod *corev1.Pod, digest string, req *SwapRequest, sp
 			st.Override = step.Error != "" || !req.ImageOnly()
 			c.writeStatus(pod, st)
 		}
-	case StateRolledBack:
-		c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "in-place swap of container %s failed: %s", container, rec.Error)
-		c.event(pod, corev1.EventTypeWarning, EventSwapRolledBack, "container %s rolled back: the old configuration runs again", container)
+	case podapi.StateRolledBack:
+		c.event(pod, corev1.EventTypeWarning, podapi.EventSwapFailed, "in-place swap of container %s failed: %s", container, rec.Error)
+		c.event(pod, corev1.EventTypeWarning, podapi.EventSwapRolledBack, "container %s rolled back: the old configuration runs again", container)
 	default:
-		c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "in-place swap of container %s ended %s: %s", container, st.State, rec.Error)
+		c.event(pod, corev1.EventTypeWarning, podapi.EventSwapFailed, "in-place swap of container %s ended %s: %s", container, st.State, rec.Error)
 	}
 }
 
@@ -325,8 +247,8 @@ func (c *Controller) refuse(pod *corev1.Pod, digest, container string, err error
 	if s, ok := status.FromError(err); ok {
 		msg = s.Message()
 	}
-	c.writeStatus(pod, &SwapStatus{RequestDigest: digest, State: StateRefused, Container: container, Error: msg})
-	c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "%s refused, nothing changed: %s", AnnotationSwap, msg)
+	c.writeStatus(pod, &podapi.SwapStatus{RequestDigest: digest, State: podapi.StateRefused, Container: container, Error: msg})
+	c.event(pod, corev1.EventTypeWarning, podapi.EventSwapFailed, "%s refused, nothing changed: %s", podapi.AnnotationSwap, msg)
 }
 
 // apiTimeout bounds each write to the API server; nothing on the CRI path
@@ -335,15 +257,15 @@ const apiTimeout = 10 * time.Second
 
 // writeStatus sets the status annotation through pods/status (what a
 // node's credentials may write).
-func (c *Controller) writeStatus(pod *corev1.Pod, st *SwapStatus) {
+func (c *Controller) writeStatus(pod *corev1.Pod, st *podapi.SwapStatus) {
 	st.UpdatedAt = c.now().UTC().Format(time.RFC3339Nano)
 	b, _ := json.Marshal(st)
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationSwapStatus: string(b)}}})
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{podapi.AnnotationSwapStatus: string(b)}}})
 	ctx, cancel := context.WithTimeout(c.ctx, apiTimeout)
 	defer cancel()
 	if _, err := c.client.Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 		c.log.Warn("cannot write the swap status annotation", zap.String("pod", pod.Namespace+"/"+pod.Name), zap.Error(err))
-		c.cannot(pod, "write "+AnnotationSwapStatus, err)
+		c.cannot(pod, "write "+podapi.AnnotationSwapStatus, err)
 	}
 }
 
@@ -428,27 +350,27 @@ func (c *Controller) Report(n swap.SwapNews) {
 	}
 	go func() {
 		if !n.Ended {
-			c.event(pod, corev1.EventTypeNormal, EventSwapStarted, "in-place swap of container %s started (%s)", rec.Container, callerOf(rec))
+			c.event(pod, corev1.EventTypeNormal, podapi.EventSwapStarted, "in-place swap of container %s started (%s)", rec.Container, callerOf(rec))
 			return
 		}
 		st := statusFromRecord("", rec)
-		if cur := readStatus(pod); cur != nil {
+		if cur := podapi.Status(pod); cur != nil {
 			st.RequestDigest = cur.RequestDigest // a request on the pod must not run again
 		}
 		c.writeStatus(pod, st)
 		switch st.State {
-		case StateCommitted:
-			c.event(pod, corev1.EventTypeNormal, EventSwapCommitted, "container %s swapped in place (%s → %s, %s), downtime %s%s",
+		case podapi.StateCommitted:
+			c.event(pod, corev1.EventTypeNormal, podapi.EventSwapCommitted, "container %s swapped in place (%s → %s, %s), downtime %s%s",
 				rec.Container, rec.From.GetImage(), rec.To.GetImage(), callerOf(rec), time.Duration(rec.DowntimeNs).Round(time.Millisecond), holdNote(rec))
 			if never := rec.GetHold().GetNeverListened(); len(never) > 0 {
-				c.event(pod, corev1.EventTypeWarning, EventNeverListened, "container %s (%s) did not listen on port %v within the connection hold's limit; the old container did",
+				c.event(pod, corev1.EventTypeWarning, podapi.EventNeverListened, "container %s (%s) did not listen on port %v within the connection hold's limit; the old container did",
 					rec.Container, rec.To.GetImage(), never)
 			}
-		case StateRolledBack:
-			c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "in-place swap of container %s failed (%s): %s", rec.Container, callerOf(rec), rec.Error)
-			c.event(pod, corev1.EventTypeWarning, EventSwapRolledBack, "container %s rolled back: the old configuration runs again%s", rec.Container, holdNote(rec))
+		case podapi.StateRolledBack:
+			c.event(pod, corev1.EventTypeWarning, podapi.EventSwapFailed, "in-place swap of container %s failed (%s): %s", rec.Container, callerOf(rec), rec.Error)
+			c.event(pod, corev1.EventTypeWarning, podapi.EventSwapRolledBack, "container %s rolled back: the old configuration runs again%s", rec.Container, holdNote(rec))
 		default:
-			c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "in-place swap of container %s ended %s (%s): %s", rec.Container, st.State, callerOf(rec), rec.Error)
+			c.event(pod, corev1.EventTypeWarning, podapi.EventSwapFailed, "in-place swap of container %s ended %s (%s): %s", rec.Container, st.State, callerOf(rec), rec.Error)
 		}
 	}()
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/inplaced/inplaced/pkg/errkind"
 	"github.com/inplaced/inplaced/pkg/intercept"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 	"github.com/inplaced/inplaced/pkg/swap"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
@@ -23,7 +24,7 @@ import (
 // Who asked for an env-from-metadata swap: the pod's opt-in annotation, or
 // an OpenKruise in-place update.
 const (
-	CallerEnvFromMetadata       = "pod metadata (" + AnnotationEnvFromMetadata + ")"
+	CallerEnvFromMetadata       = "pod metadata (" + podapi.AnnotationEnvFromMetadata + ")"
 	CallerKruiseEnvFromMetadata = "OpenKruise in-place update (env from metadata)"
 )
 
@@ -92,7 +93,7 @@ func metadataEnv(pod *corev1.Pod, c *corev1.Container) map[string]string {
 // its env takes through fieldRef changed: kubelet alone never updates them.
 // The change is applied over the running config, so any override already
 // in force (an earlier env swap) stays. Pods opt in with
-// AnnotationEnvFromMetadata, or are being updated in place by OpenKruise
+// podapi.AnnotationEnvFromMetadata, or are being updated in place by OpenKruise
 // with env from metadata (kruiseEnvUpdate), whose own restart of the
 // container this swap replaces.
 func (c *Controller) syncEnvFromMetadata(pod *corev1.Pod, running map[string]*runtimeapi.Container) {
@@ -112,7 +113,7 @@ func (c *Controller) syncEnvFromMetadata(pod *corev1.Pod, running map[string]*ru
 // place, and on whose behalf.
 func envMetaCaller(pod *corev1.Pod) (string, bool) {
 	switch {
-	case pod.Annotations[AnnotationEnvFromMetadata] == "true":
+	case pod.Annotations[podapi.AnnotationEnvFromMetadata] == "true":
 		return CallerEnvFromMetadata, true
 	case kruiseEnvUpdate(pod):
 		return CallerKruiseEnvFromMetadata, true
@@ -288,7 +289,7 @@ func (c *Controller) startEnvSwap(pod *corev1.Pod, sc *corev1.Container, id, cal
 	if err != nil {
 		delay := c.envSwapEnded(s, false) // a swap may hold the container: tried again after the back-off
 		log.Warn("env from metadata: swap not started", zap.Duration("retry_in", delay), zap.Error(err))
-		c.event(pod, corev1.EventTypeWarning, EventSwapFailed, "env from metadata for container %s not applied (tried again in %s): %v", sc.Name, delay, err)
+		c.event(pod, corev1.EventTypeWarning, podapi.EventSwapFailed, "env from metadata for container %s not applied (tried again in %s): %v", sc.Name, delay, err)
 		return prev
 	}
 	keys := make([]string, 0, len(set))
@@ -455,5 +456,5 @@ func envDigest(m map[string]string) string {
 	for _, k := range keys {
 		fmt.Fprintf(&b, "%s=%s\x00", k, m[k])
 	}
-	return Digest(b.String())
+	return podapi.Digest(b.String())
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/rest"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 	"github.com/inplaced/inplaced/pkg/kubeclient"
 	"github.com/inplaced/inplaced/pkg/kubeletview"
 	"github.com/inplaced/inplaced/pkg/store"
@@ -96,7 +97,7 @@ func newEnvRetryEnv(t *testing.T) *envRetryEnv {
 	e, eng := newKruiseEnv(t, false)
 	eng.after = 10 * time.Millisecond
 	r := &envRetryEnv{lagEnv: e, eng: eng, requeued: make(chan time.Duration, 16), now: time.Unix(1000, 0)}
-	e.pod.Annotations = map[string]string{AnnotationEnvFromMetadata: "true"}
+	e.pod.Annotations = map[string]string{podapi.AnnotationEnvFromMetadata: "true"}
 	e.c.now = func() time.Time {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -308,7 +309,7 @@ func TestRunRetriesEnvSwap(t *testing.T) {
 	pod := &corev1.Pod{
 		TypeMeta: metav1.TypeMeta{Kind: "Pod", APIVersion: "v1"},
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: "uid-web", ResourceVersion: "5",
-			Labels: map[string]string{"tier": "blue"}, Annotations: map[string]string{AnnotationEnvFromMetadata: "true"}},
+			Labels: map[string]string{"tier": "blue"}, Annotations: map[string]string{podapi.AnnotationEnvFromMetadata: "true"}},
 		Spec: corev1.PodSpec{NodeName: "node-a", Containers: []corev1.Container{{Name: "app", Image: "registry.local/app:v1",
 			Env: []corev1.EnvVar{{Name: "TIER", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['tier']"}}}}}}},
 	}
@@ -373,7 +374,7 @@ func TestImageChangeCarriesMetadataEnv(t *testing.T) {
 		name        string
 		annotations map[string]string
 	}{
-		{"opted in", map[string]string{AnnotationEnvFromMetadata: "true"}},
+		{"opted in", map[string]string{podapi.AnnotationEnvFromMetadata: "true"}},
 		{"not opted in", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

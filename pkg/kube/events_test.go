@@ -13,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
 
 // fakeEvents is an events API: it keeps what was created and patched, and
@@ -87,10 +89,10 @@ var eventPod = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: 
 func TestEventsAsToolsRecordWritesThem(t *testing.T) {
 	f := &fakeEvents{store: map[string]bool{}}
 	r := testRecorder(f)
-	r.Eventf(eventPod, corev1.EventTypeNormal, EventSwapStarted, "swap of %s", "app")
-	r.Eventf(eventPod, corev1.EventTypeNormal, EventSwapStarted, "swap of %s", "app")
-	r.Eventf(eventPod, corev1.EventTypeNormal, EventSwapStarted, "swap of %s", "app")
-	r.Eventf(eventPod, corev1.EventTypeWarning, EventSwapFailed, "swap of %s failed", "app")
+	r.Eventf(eventPod, corev1.EventTypeNormal, podapi.EventSwapStarted, "swap of %s", "app")
+	r.Eventf(eventPod, corev1.EventTypeNormal, podapi.EventSwapStarted, "swap of %s", "app")
+	r.Eventf(eventPod, corev1.EventTypeNormal, podapi.EventSwapStarted, "swap of %s", "app")
+	r.Eventf(eventPod, corev1.EventTypeWarning, podapi.EventSwapFailed, "swap of %s failed", "app")
 	writeQueued(r)
 
 	if len(f.created) != 2 {
@@ -101,7 +103,7 @@ func TestEventsAsToolsRecordWritesThem(t *testing.T) {
 	want := &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{Namespace: "ns", Name: fmt.Sprintf("web.%x", first.UnixNano())},
 		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: "ns", Name: "web", UID: "u1", ResourceVersion: "7"},
-		Reason:         EventSwapStarted, Message: "swap of app", Type: corev1.EventTypeNormal,
+		Reason:         podapi.EventSwapStarted, Message: "swap of app", Type: corev1.EventTypeNormal,
 		FirstTimestamp: first, LastTimestamp: first, Count: 1,
 		Source:              corev1.EventSource{Component: "inplaced", Host: "node-1"},
 		ReportingController: "inplaced", ReportingInstance: "node-1",
@@ -117,7 +119,7 @@ func TestEventsAsToolsRecordWritesThem(t *testing.T) {
 	if f.patches[1] != wantPatch {
 		t.Errorf("second repeat's patch %s, want %s", f.patches[1], wantPatch)
 	}
-	if f.created[1].Reason != EventSwapFailed || f.created[1].Count != 1 {
+	if f.created[1].Reason != podapi.EventSwapFailed || f.created[1].Count != 1 {
 		t.Errorf("the other event: %+v", f.created[1])
 	}
 }

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
@@ -75,7 +76,7 @@ func (c *Controller) canPatchSpec(pod *corev1.Pod, container, image string) erro
 
 // handOverSpec is steps 2 and 3 for a committed swap; it returns the
 // step's entry for the status annotation.
-func (c *Controller) handOverSpec(pod *corev1.Pod, rec *inplacedv1.SwapRecord, image, specHash string, imageOnly bool) StepStatus {
+func (c *Controller) handOverSpec(pod *corev1.Pod, rec *inplacedv1.SwapRecord, image, specHash string, imageOnly bool) podapi.StepStatus {
 	start := c.now()
 	log := c.log.With(zap.String("pod", pod.Namespace+"/"+pod.Name), zap.String("swap_id", rec.Id))
 	// The relist that first shows kubelet the new container (R0) reads its
@@ -105,7 +106,7 @@ func (c *Controller) handOverSpec(pod *corev1.Pod, rec *inplacedv1.SwapRecord, i
 	if err == nil {
 		c.waitRelistAfter(r0, log)
 	}
-	st := StepStatus{Name: StepSpecPatch}
+	st := podapi.StepStatus{Name: StepSpecPatch}
 	if err != nil {
 		// The container keeps showing kubelet the old spec's hash: the image
 		// stays an override until the spec changes.

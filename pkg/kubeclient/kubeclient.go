@@ -14,14 +14,16 @@
 // kubernetes.Interface's CoreV1(): TestSameRequestsAsClientset.
 //
 // The interfaces name exactly the verbs inplaced uses, which are the verbs
-// deploy/kubernetes/rbac.yaml grants:
+// deploy/kubernetes/rbac.yaml grants, and a pod's get for kubectl-inplace,
+// which uses this client too (it needs pods only):
 //
-//	pods         list, watch, patch (and patch of pods/status)
+//	pods         list, watch, patch (and patch of pods/status); get (kubectl-inplace)
 //	nodes        list, watch
 //	secrets      get
 //	events       create, patch
 //
-// cmd/inplaced's dependency test keeps the other API groups out.
+// cmd/inplaced's and cmd/kubectl-inplace's dependency tests keep the other
+// API groups out.
 package kubeclient
 
 import (
@@ -63,8 +65,10 @@ type Interface interface {
 	Events() EventInterface
 }
 
-// PodInterface: the pods on this node, watched and patched.
+// PodInterface: the pods on this node, watched and patched; one pod read
+// by name (kubectl-inplace).
 type PodInterface interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.Pod, error)
 	List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error)
 	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
 	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*corev1.Pod, error)

@@ -59,8 +59,8 @@ func (s *apiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			k = kind[p]
 		}
 	}
-	if r.Method == http.MethodGet && !strings.Contains(r.URL.Path, "/secrets/") {
-		k += "List"
+	if r.Method == http.MethodGet && kind[parts[len(parts)-1]] != "" {
+		k += "List" // a collection, not one object by name
 	}
 	fmt.Fprintf(w, `{"kind":%q,"apiVersion":"v1","metadata":{}}`, k)
 }
@@ -73,8 +73,8 @@ func (s *apiServer) take() []request {
 	return r
 }
 
-// calls is everything inplaced asks of the API server, through either
-// client.
+// calls is everything inplaced and kubectl-inplace ask of the API server,
+// through either client.
 type calls struct {
 	pods    func(ns string) kubeclient.PodInterface
 	nodes   func() kubeclient.NodeInterface
@@ -97,6 +97,9 @@ func (c calls) run(t *testing.T) {
 		t.Errorf("watch pods: %v", err)
 	} else {
 		w.Stop()
+	}
+	if _, err := c.pods("ns").Get(ctx, "p", metav1.GetOptions{}); err != nil {
+		t.Errorf("get pod: %v", err)
 	}
 	patch := []byte(`{"metadata":{"annotations":{"a":"b"}}}`)
 	if _, err := c.pods("ns").Patch(ctx, "p", types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {

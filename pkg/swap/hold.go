@@ -128,18 +128,26 @@ type holdPlan struct {
 // pod's annotations: decide, then do (no side effect here).
 func planHold(defMode string, defMax time.Duration, haveHolder bool, sb *runtimeapi.PodSandboxConfig) holdPlan {
 	p := holdPlan{mode: defMode, max: defMax, requireListeners: true}
-	var notes []string
-	a := sb.GetAnnotations()
-	if v, ok := a[AnnotationRequireListeners]; ok {
-		switch strings.TrimSpace(strings.ToLower(v)) {
-		case "false":
-			p.requireListeners = false
-		case "true":
-		default:
-			notes = append(notes, fmt.Sprintf("annotation %s=%q ignored: use \"true\" or \"false\"", AnnotationRequireListeners, v))
-		}
+	explicit, notes := p.annotations(sb.GetAnnotations())
+	switch {
+	case p.mode == HoldOff && explicit:
+		notes = append(notes, "off by the pod's annotation "+AnnotationConnectionHold)
+	case p.mode == HoldOff:
+		notes = append(notes, "off (--connection-hold=off)")
+	case sb.GetLinux().GetSecurityContext().GetNamespaceOptions().GetNetwork() == runtimeapi.NamespaceMode_NODE && !explicit:
+		p.mode = HoldOff
+		notes = append(notes, "hostNetwork pod: the node's own network namespace is held only when the pod opts in ("+AnnotationConnectionHold+": queue)")
+	case !haveHolder:
+		p.mode = HoldOff
+		notes = append(notes, "no connection holder in this inplaced")
 	}
-	explicit := false
+	p.why = strings.Join(notes, "; ")
+	return p
+}
+
+// annotations applies the pod's hold annotations; it says whether the mode
+// was the pod's choice, and what it ignored.
+func (p *holdPlan) annotations(a map[string]string) (explicit bool, notes []string) {
 	if v, ok := a[AnnotationConnectionHold]; ok {
 		switch m := strings.TrimSpace(strings.ToLower(v)); m {
 		case HoldQueue, HoldDrop, HoldOff:
@@ -155,20 +163,16 @@ func planHold(defMode string, defMax time.Duration, haveHolder bool, sb *runtime
 			notes = append(notes, fmt.Sprintf("annotation %s=%q ignored: give a duration up to %s, e.g. 10s", AnnotationHoldMax, v, maxHoldMax))
 		}
 	}
-	switch {
-	case p.mode == HoldOff && explicit:
-		notes = append(notes, "off by the pod's annotation "+AnnotationConnectionHold)
-	case p.mode == HoldOff:
-		notes = append(notes, "off (--connection-hold=off)")
-	case sb.GetLinux().GetSecurityContext().GetNamespaceOptions().GetNetwork() == runtimeapi.NamespaceMode_NODE && !explicit:
-		p.mode = HoldOff
-		notes = append(notes, "hostNetwork pod: the node's own network namespace is held only when the pod opts in ("+AnnotationConnectionHold+": queue)")
-	case !haveHolder:
-		p.mode = HoldOff
-		notes = append(notes, "no connection holder in this inplaced")
+	if v, ok := a[AnnotationRequireListeners]; ok {
+		switch strings.TrimSpace(strings.ToLower(v)) {
+		case "false":
+			p.requireListeners = false
+		case "true":
+		default:
+			notes = append(notes, fmt.Sprintf("annotation %s=%q ignored: use \"true\" or \"false\"", AnnotationRequireListeners, v))
+		}
 	}
-	p.why = strings.Join(notes, "; ")
-	return p
+	return explicit, notes
 }
 
 // maxHoldMax bounds --hold-max and the annotation: a held client waits in

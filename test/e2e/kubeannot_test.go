@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
 
 // createGatedPod is createPod with the readiness gate inplaced.io/InPlaceReady.
@@ -25,14 +25,14 @@ func (km *kmenv) createGatedPod(t *testing.T, name, image string) *corev1.Pod {
 	t.Helper()
 	// Ready at all only once inplaced set its condition True.
 	return km.createPodWith(t, name, image, func(p *corev1.Pod) {
-		p.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: kube.ConditionInPlaceReady}}
+		p.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: podapi.ConditionInPlaceReady}}
 		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "GREETING", Value: "hello"}}
 	})
 }
 
 func (km *kmenv) requestSwap(t *testing.T, pod, request string) {
 	t.Helper()
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{kube.AnnotationSwap: request}}})
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{podapi.AnnotationSwap: request}}})
 	if _, err := km.cp.Admin.CoreV1().Pods(km.ns).Patch(ctx(t), pod, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatalf("annotate %s: %v", pod, err)
 	}
@@ -40,18 +40,18 @@ func (km *kmenv) requestSwap(t *testing.T, pod, request string) {
 
 // waitStatus waits for the status annotation of this request to reach a
 // final state (not Running).
-func (km *kmenv) waitStatus(t *testing.T, pod, request string, timeout time.Duration) *kube.SwapStatus {
+func (km *kmenv) waitStatus(t *testing.T, pod, request string, timeout time.Duration) *podapi.SwapStatus {
 	t.Helper()
-	var st kube.SwapStatus
+	var st podapi.SwapStatus
 	km.cp.WaitPod(t, km.ns, pod, timeout, func(p *corev1.Pod) error {
 		if p == nil {
 			return fmt.Errorf("pod gone")
 		}
-		raw := p.Annotations[kube.AnnotationSwapStatus]
+		raw := p.Annotations[podapi.AnnotationSwapStatus]
 		if err := json.Unmarshal([]byte(raw), &st); err != nil {
 			return fmt.Errorf("status %q", raw)
 		}
-		if st.RequestDigest != kube.Digest(request) || st.State == kube.StateRunning {
+		if st.RequestDigest != podapi.Digest(request) || st.State == podapi.StateRunning {
 			return fmt.Errorf("status %s", raw)
 		}
 		return nil
@@ -136,7 +136,7 @@ func (km *kmenv) testAnnotationEnv(t *testing.T) {
 	mu.Lock()
 	samples = append(samples, sample{time.Now(), readyStatus(after)})
 	mu.Unlock()
-	if st.State != kube.StateCommitted || st.DowntimeMs <= 0 || st.SwapID == "" || !st.Override {
+	if st.State != podapi.StateCommitted || st.DowntimeMs <= 0 || st.SwapID == "" || !st.Override {
 		t.Fatalf("status %+v", st)
 	}
 	if after.UID != before.UID || after.Status.PodIP != before.Status.PodIP {
@@ -190,13 +190,13 @@ func (km *kmenv) testAnnotationEnv(t *testing.T) {
 	crash := fmt.Sprintf(`{"container":"app","image":%q,"minRuntime":"1s"}`, km.imgs.Crash)
 	km.requestSwap(t, "gated", crash)
 	st = km.waitStatus(t, "gated", crash, 2*time.Minute)
-	if st.State != kube.StateRolledBack {
+	if st.State != podapi.StateRolledBack {
 		t.Errorf("crashing image: status %+v, want RolledBack", st)
 	}
 	km.cp.WaitPod(t, km.ns, "gated", time.Minute, podReady)
 	eventually(t, 30*time.Second, "the four kinds of events", func() error {
 		ev := km.events(t, "gated")
-		for _, r := range []string{kube.EventSwapStarted, kube.EventSwapCommitted, kube.EventSwapFailed, kube.EventSwapRolledBack} {
+		for _, r := range []string{podapi.EventSwapStarted, podapi.EventSwapCommitted, podapi.EventSwapFailed, podapi.EventSwapRolledBack} {
 			if ev[r] == 0 {
 				return errorf("no %s event yet: %v", r, ev)
 			}
@@ -219,7 +219,7 @@ func (km *kmenv) testAnnotationRefused(t *testing.T) {
 	} {
 		km.requestSwap(t, "picky", req)
 		st := km.waitStatus(t, "picky", req, time.Minute)
-		if st.State != kube.StateRefused || !strings.Contains(st.Error, field) {
+		if st.State != podapi.StateRefused || !strings.Contains(st.Error, field) {
 			t.Errorf("%s: status %+v, want Refused naming %s", req, st, field)
 		}
 	}

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
 
 func (km *kmenv) labelNode(t *testing.T, key string, value *string) {
@@ -50,7 +50,7 @@ func (km *kmenv) testAffinityDrift(t *testing.T) {
 
 	warn := `{"container":"app","env":{"DRIFT":"warn"},"minRuntime":"500ms"}`
 	km.requestSwap(t, "pinned", warn)
-	if st := km.waitStatus(t, "pinned", warn, time.Minute); st.State != kube.StateCommitted {
+	if st := km.waitStatus(t, "pinned", warn, time.Minute); st.State != podapi.StateCommitted {
 		t.Fatalf("warn mode: status %+v, want Committed", st)
 	} else {
 		found := false
@@ -69,8 +69,8 @@ func (km *kmenv) testAffinityDrift(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if conditionOf(q, kube.ConditionAffinityDrift) != corev1.ConditionTrue {
-			return errorf("condition %s not True", kube.ConditionAffinityDrift)
+		if conditionOf(q, podapi.ConditionAffinityDrift) != corev1.ConditionTrue {
+			return errorf("condition %s not True", podapi.ConditionAffinityDrift)
 		}
 		return nil
 	})
@@ -88,7 +88,7 @@ func (km *kmenv) testAffinityDrift(t *testing.T) {
 	refuse := `{"container":"app","env":{"DRIFT":"refuse"}}`
 	km.requestSwap(t, "pinned", refuse)
 	st := km.waitStatus(t, "pinned", refuse, time.Minute)
-	if st.State != kube.StateRefused || !strings.Contains(st.Error, "no longer fits") {
+	if st.State != podapi.StateRefused || !strings.Contains(st.Error, "no longer fits") {
 		t.Errorf("refuse mode: status %+v", st)
 	}
 	if after, _ := km.processEnv(t, "pinned"); after != before {

@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
@@ -23,7 +23,7 @@ func (km *kmenv) createMetaPod(t *testing.T, name string, optIn bool) *corev1.Po
 	return km.createPodWith(t, name, km.imgs.App1, func(p *corev1.Pod) {
 		p.Labels["tier"] = "blue"
 		if optIn {
-			p.Annotations = map[string]string{kube.AnnotationEnvFromMetadata: "true"}
+			p.Annotations = map[string]string{podapi.AnnotationEnvFromMetadata: "true"}
 		}
 		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "TIER", ValueFrom: &corev1.EnvVarSource{
 			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['tier']"}}}}
@@ -66,7 +66,7 @@ func (km *kmenv) testEnvFromMetadata(t *testing.T) {
 	// An earlier env swap by annotation: it must stay.
 	req := `{"container":"app","env":{"KEEP":"me"},"minRuntime":"500ms"}`
 	km.requestSwap(t, "meta", req)
-	if st := km.waitStatus(t, "meta", req, time.Minute); st.State != kube.StateCommitted {
+	if st := km.waitStatus(t, "meta", req, time.Minute); st.State != podapi.StateCommitted {
 		t.Fatalf("env swap: %+v", st)
 	}
 	idBefore, _ := km.processEnv(t, "meta")

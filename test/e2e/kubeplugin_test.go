@@ -14,7 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 	"github.com/inplaced/inplaced/test/harness"
 )
 
@@ -95,7 +95,7 @@ func (km *kmenv) testKubectlPlugin(t *testing.T) {
 	for _, n := range names {
 		p := km.createPodWith(t, n, km.imgs.App1, func(p *corev1.Pod) {
 			p.Labels = map[string]string{"app": "kplugin"}
-			p.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: kube.ConditionInPlaceReady}}
+			p.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: podapi.ConditionInPlaceReady}}
 			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "GREETING", Value: "hello"}}
 		})
 		ids[n], uids[n] = criID(appStatus(p)), string(p.UID)
@@ -107,9 +107,9 @@ func (km *kmenv) testKubectlPlugin(t *testing.T) {
 		}
 		return p
 	}
-	status := func(p *corev1.Pod) *kube.SwapStatus {
-		var st kube.SwapStatus
-		if err := json.Unmarshal([]byte(p.Annotations[kube.AnnotationSwapStatus]), &st); err != nil {
+	status := func(p *corev1.Pod) *podapi.SwapStatus {
+		var st podapi.SwapStatus
+		if err := json.Unmarshal([]byte(p.Annotations[podapi.AnnotationSwapStatus]), &st); err != nil {
 			return nil
 		}
 		return &st
@@ -145,12 +145,12 @@ func (km *kmenv) testKubectlPlugin(t *testing.T) {
 	for _, n := range names {
 		p := get(n)
 		st := status(p)
-		if st == nil || st.State != kube.StateCommitted || string(p.UID) != uids[n] || criID(appStatus(p)) == ids[n] || readyStatus(p) != corev1.ConditionTrue {
+		if st == nil || st.State != podapi.StateCommitted || string(p.UID) != uids[n] || criID(appStatus(p)) == ids[n] || readyStatus(p) != corev1.ConditionTrue {
 			t.Errorf("%s after the env change: status %+v, UID %s (was %s), container %s (was %s), Ready %s",
 				n, st, p.UID, uids[n], short(criID(appStatus(p))), short(ids[n]), readyStatus(p))
 		}
 		ids[n] = criID(appStatus(p))
-		envReq = p.Annotations[kube.AnnotationSwap]
+		envReq = p.Annotations[podapi.AnnotationSwap]
 	}
 	t.Logf("env change over 3 pods in %s; at most %d NotReady at once (%d samples, e.g. %v)", took.Round(time.Millisecond), maxNR, samples, at)
 
@@ -161,10 +161,10 @@ func (km *kmenv) testKubectlPlugin(t *testing.T) {
 		cmd.Env = append(os.Environ(), "PATH="+harness.BinDir(t)+":"+os.Getenv("PATH"), "KUBECONFIG="+km.cp.AdminKubeconfig)
 		b, err := cmd.Output()
 		var ps struct {
-			Pod    string           `json:"pod"`
-			Status *kube.SwapStatus `json:"status"`
+			Pod    string             `json:"pod"`
+			Status *podapi.SwapStatus `json:"status"`
 		}
-		if err != nil || json.Unmarshal(b, &ps) != nil || ps.Pod != "kplugin-0" || ps.Status == nil || ps.Status.State != kube.StateCommitted {
+		if err != nil || json.Unmarshal(b, &ps) != nil || ps.Pod != "kplugin-0" || ps.Status == nil || ps.Status.State != podapi.StateCommitted {
 			t.Errorf("kubectl inplace status kplugin-0 -o json: %v\n%s", err, b)
 		}
 	}
@@ -186,16 +186,16 @@ func (km *kmenv) testKubectlPlugin(t *testing.T) {
 	if maxNR > 1 {
 		t.Errorf("%d pods NotReady at once (%v)", maxNR, at)
 	}
-	if st := status(get("kplugin-2")); st == nil || st.State != kube.StateRolledBack {
+	if st := status(get("kplugin-2")); st == nil || st.State != podapi.StateRolledBack {
 		t.Errorf("kplugin-2: status %+v, want RolledBack", st)
 	}
 	for _, n := range []string{"kplugin-1", "kplugin-0"} {
 		p := get(n)
 		s := appStatus(p)
-		if p.Annotations[kube.AnnotationSwap] != envReq || criID(s) != ids[n] || s.State.Running == nil {
-			t.Errorf("%s was touched after the halt: request %s, container %s (was %s)", n, p.Annotations[kube.AnnotationSwap], short(criID(s)), short(ids[n]))
+		if p.Annotations[podapi.AnnotationSwap] != envReq || criID(s) != ids[n] || s.State.Running == nil {
+			t.Errorf("%s was touched after the halt: request %s, container %s (was %s)", n, p.Annotations[podapi.AnnotationSwap], short(criID(s)), short(ids[n]))
 		}
-		if st := status(p); st == nil || st.State != kube.StateCommitted || st.RequestDigest != kube.Digest(envReq) {
+		if st := status(p); st == nil || st.State != podapi.StateCommitted || st.RequestDigest != podapi.Digest(envReq) {
 			t.Errorf("%s status changed: %+v", n, st)
 		}
 	}

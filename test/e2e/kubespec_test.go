@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 )
 
 // applyRBAC creates the objects of deploy/kubernetes/rbac.yaml (kept if
@@ -98,7 +99,7 @@ func (km *kmenv) testAnnotationImage(t *testing.T) {
 	before := km.createPod(t, "imgnode", km.imgs.App1)
 	req := fmt.Sprintf(`{"container":"app","image":%q,"minRuntime":"500ms"}`, km.imgs.App2)
 	km.requestSwap(t, "imgnode", req)
-	if st := km.waitStatus(t, "imgnode", req, 2*time.Minute); st.State != kube.StateCommitted || !st.Override {
+	if st := km.waitStatus(t, "imgnode", req, 2*time.Minute); st.State != podapi.StateCommitted || !st.Override {
 		t.Fatalf("node credentials: status %+v, want Committed with the image as an override", st)
 	}
 	eventually(t, 30*time.Second, "InPlacedForbidden event for the spec write", func() error {
@@ -118,14 +119,14 @@ func (km *kmenv) testAnnotationImage(t *testing.T) {
 	sb := km.sandboxOf(t, "imgann")
 	off := km.logOffset(t)
 	km.requestSwap(t, "imgann", req)
-	var st *kube.SwapStatus
+	var st *podapi.SwapStatus
 	eventually(t, 2*time.Minute, "Committed with the spec image written", func() error {
 		p, err := km.cp.Admin.CoreV1().Pods(km.ns).Get(ctx(t), "imgann", metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		st = &kube.SwapStatus{}
-		if err := json.Unmarshal([]byte(p.Annotations[kube.AnnotationSwapStatus]), st); err != nil {
+		st = &podapi.SwapStatus{}
+		if err := json.Unmarshal([]byte(p.Annotations[podapi.AnnotationSwapStatus]), st); err != nil {
 			return err
 		}
 		for _, s := range st.Steps {
@@ -135,7 +136,7 @@ func (km *kmenv) testAnnotationImage(t *testing.T) {
 		}
 		return errorf("status %+v", st)
 	})
-	if st.State != kube.StateCommitted || st.Override {
+	if st.State != podapi.StateCommitted || st.Override {
 		t.Errorf("status %+v: want Committed, no override (the spec declares the image)", st)
 	}
 	for _, s := range st.Steps {

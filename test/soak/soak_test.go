@@ -34,7 +34,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/inplaced/inplaced/pkg/kube"
+	"github.com/inplaced/inplaced/pkg/kube/podapi"
 	"github.com/inplaced/inplaced/pkg/swap"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 	"github.com/inplaced/inplaced/test/harness"
@@ -394,7 +394,7 @@ func (r *run) podSpec(p *podState) *corev1.Pod {
 	}
 	if p.meta {
 		pod.Labels["tier"] = p.tier
-		pod.Annotations = map[string]string{kube.AnnotationEnvFromMetadata: "true"}
+		pod.Annotations = map[string]string{podapi.AnnotationEnvFromMetadata: "true"}
 		app.Env = []corev1.EnvVar{{Name: "TIER", ValueFrom: &corev1.EnvVarSource{
 			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['tier']"}}}}
 	}
@@ -607,7 +607,7 @@ func (r *run) churnOnce() {
 		if k == ChurnCrashSwap {
 			req = fmt.Sprintf(`{"container":"app","image":%q,"env":{"SOAK_CRASH":"%d"},"minRuntime":"1s"}`, r.imgs.Crash, n)
 		}
-		body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{kube.AnnotationSwap: req}}})
+		body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{podapi.AnnotationSwap: req}}})
 		allow(p, patch(p, types.MergePatchType, string(body)))
 	case ChurnLabelEnv:
 		p := r.idlePod(time.Minute, func(p *podState) bool { return p.meta })
