@@ -72,6 +72,16 @@ type podOpts struct {
 	grace      int
 	restartCnt int
 	handler    string // CRI runtime handler ("" is containerd's default, runc)
+	// command and args replace the image's entrypoint and command.
+	command, args []string
+	// annotations go on the sandbox (a pod's annotations, as kubelet
+	// copies them).
+	annotations map[string]string
+	// ports is the container's declared ports, kubelet's annotation JSON.
+	ports string
+	// sidecar, when set, are the args of a second container, "sidecar",
+	// running the same image.
+	sidecar []string
 }
 
 func runPod(t *testing.T, cri *harness.CRIClient, name, image string, o podOpts) *pod {
@@ -84,6 +94,7 @@ func runPod(t *testing.T, cri *harness.CRIClient, name, image string, o podOpts)
 	p.sandboxConfig.Labels = map[string]string{
 		"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": p.ns, "io.kubernetes.pod.uid": p.uid, "app": name,
 	}
+	p.sandboxConfig.Annotations = o.annotations
 	rs, err := cri.Runtime.RunPodSandbox(c, &runtimeapi.RunPodSandboxRequest{Config: p.sandboxConfig, RuntimeHandler: o.handler})
 	if err != nil {
 		t.Fatalf("RunPodSandbox: %v", err)
@@ -124,6 +135,13 @@ func runPod(t *testing.T, cri *harness.CRIClient, name, image string, o podOpts)
 		cfg.Envs = append(cfg.Envs, &runtimeapi.KeyValue{Key: k, Value: []byte(v)})
 	}
 	cfg.Mounts = []*runtimeapi.Mount{{HostPath: p.hostDir, ContainerPath: "/data"}}
+	cfg.Command, cfg.Args = o.command, o.args
+	if o.ports != "" {
+		cfg.Annotations["io.kubernetes.container.ports"] = o.ports
+	}
+	if o.sidecar != nil {
+		runSidecar(t, cri, p, image, o.sidecar)
+	}
 	p.containerCfg = cfg
 	cr, err := cri.Runtime.CreateContainer(c, &runtimeapi.CreateContainerRequest{PodSandboxId: p.sandboxID, Config: cfg, SandboxConfig: p.sandboxConfig})
 	if err != nil {
@@ -134,6 +152,25 @@ func runPod(t *testing.T, cri *harness.CRIClient, name, image string, o podOpts)
 		t.Fatalf("StartContainer: %v", err)
 	}
 	return p
+}
+
+// runSidecar starts a second container, "sidecar", in the pod.
+func runSidecar(t *testing.T, cri *harness.CRIClient, p *pod, image string, args []string) {
+	t.Helper()
+	cfg := harness.ContainerConfig("sidecar", image)
+	cfg.Labels = map[string]string{
+		"io.kubernetes.pod.name": p.name, "io.kubernetes.pod.namespace": p.ns, "io.kubernetes.pod.uid": p.uid,
+		"io.kubernetes.container.name": "sidecar",
+	}
+	cfg.Annotations = map[string]string{"io.kubernetes.container.hash": "5e6f7a8b", "io.kubernetes.container.restartCount": "0"}
+	cfg.Args = args
+	cr, err := cri.Runtime.CreateContainer(ctx(t), &runtimeapi.CreateContainerRequest{PodSandboxId: p.sandboxID, Config: cfg, SandboxConfig: p.sandboxConfig})
+	if err != nil {
+		t.Fatalf("CreateContainer sidecar: %v", err)
+	}
+	if _, err := cri.Runtime.StartContainer(ctx(t), &runtimeapi.StartContainerRequest{ContainerId: cr.ContainerId}); err != nil {
+		t.Fatalf("StartContainer sidecar: %v", err)
+	}
 }
 
 // containers lists the containers named "app" in the pod, newest first.

@@ -205,6 +205,12 @@ func (c *Containerd) writeConfig() error {
 // state under c.Dir) and portmap for hostPort. No masquerading: pods need no
 // way out, and the machine's NAT table stays as it was.
 func (c *Containerd) cniConfList() map[string]any {
+	ranges := [][]map[string]string{{{"subnet": c.Subnet}}}
+	routes := []map[string]string{{"dst": "0.0.0.0/0"}}
+	if c.Subnet6 != "" {
+		ranges = append(ranges, []map[string]string{{"subnet": c.Subnet6}})
+		routes = append(routes, map[string]string{"dst": "::/0"})
+	}
 	return map[string]any{
 		"cniVersion": "1.0.0",
 		"name":       c.NetworkName,
@@ -217,8 +223,8 @@ func (c *Containerd) cniConfList() map[string]any {
 				"hairpinMode": true,
 				"ipam": map[string]any{
 					"type":    "host-local",
-					"ranges":  [][]map[string]string{{{"subnet": c.Subnet}}},
-					"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
+					"ranges":  ranges,
+					"routes":  routes,
 					"dataDir": filepath.Join(c.Dir, "cni-ipam"),
 				},
 			},

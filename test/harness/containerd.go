@@ -35,7 +35,10 @@ type Containerd struct {
 	// ConfigPath and LogPath are Dir/config.toml and Dir/containerd.log.
 	ConfigPath string
 	LogPath    string
-	// Bridge, Subnet and NetworkName describe the instance's CNI network.
+	// Bridge, Subnet and NetworkName describe the instance's CNI network;
+	// Subnet6 is its IPv6 range (WithIPv6), empty for IPv4 only.
+	Subnet6     string
+	dualStack   bool
 	Bridge      string
 	Subnet      string
 	NetworkName string
@@ -117,6 +120,9 @@ func StartContainerd(tb testing.TB, b Backend, reg *Registry, opts ...Option) *C
 	})
 	liveInstances.Add(1)
 	c.Bridge, c.Subnet, c.NetworkName = bridgeName(c.slot.n), subnet(c.slot.n), networkName(c.slot.n)
+	if c.dualStack {
+		c.Subnet6 = subnet6(c.slot.n)
+	}
 	if c.StreamPort, err = freePort(); err != nil {
 		tb.Fatalf("containerd: %v", err)
 	}
@@ -140,6 +146,9 @@ func (c *Containerd) RequireRunsc(tb testing.TB) {
 
 // Option configures StartContainerd.
 type Option func(*Containerd)
+
+// WithIPv6 gives pods an IPv6 address too (Subnet6), beside the IPv4 one.
+func WithIPv6() Option { return func(c *Containerd) { c.dualStack = true } }
 
 // WithMirrors makes containerd pull images of these registry hosts from the
 // harness registry (same repository paths): e.g. CritestRegistryHosts.

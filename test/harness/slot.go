@@ -33,6 +33,7 @@ func slotDir() string {
 
 func bridgeName(n int) string { return fmt.Sprintf("ipd%d", n) }
 func subnet(n int) string     { return fmt.Sprintf("10.213.%d.0/24", n) }
+func subnet6(n int) string    { return fmt.Sprintf("fd00:213:%x::/64", n) }
 func networkName(n int) string {
 	return fmt.Sprintf("inplaced-test-%d", n)
 }

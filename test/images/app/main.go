@@ -61,8 +61,16 @@ func run(args []string) int {
 	exitCode := fs.Int("exit", -1, "print the version and exit at once with this code")
 	pidFile := fs.String("pidfile", "", "write the pid to this file")
 	printEUID := fs.Bool("print-euid", false, `print "Effective uid: N" and exit 0`)
+	var sh shape
+	fs.IntVar(&sh.spawnDepth, "spawn-depth", 0, "run the server N processes down: each level starts the next as its child, forwards SIGTERM and waits (an init such as tini, a launcher)")
+	fs.IntVar(&sh.backlog, "backlog", 0, "listen backlog (0: the system's)")
+	fs.BoolVar(&sh.serial, "serial", false, "serve one connection at a time, 1 ms of work each (busybox httpd, Python's http.server)")
+	fs.DurationVar(&sh.listenDelay, "listen-delay", 0, "wait this long before listening")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if sh.spawnDepth > 0 {
+		return spawn(args, sh.spawnDepth)
 	}
 	if *printEUID {
 		fmt.Printf("Effective uid: %d\n", os.Geteuid())
@@ -108,10 +116,26 @@ func run(args []string) int {
 	mux.HandleFunc("GET /", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "app %s\n", version)
 	})
-	srv := &http.Server{Addr: *listen, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-
-	errc := make(chan error, 1)
-	go func() { errc <- srv.ListenAndServe() }()
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// A serial server answers one request per connection, as HTTP/1.0
+	// servers do: an idle keep-alive connection would block all others.
+	srv.SetKeepAlivesEnabled(!sh.serial)
+	if sh.listenDelay > 0 {
+		select {
+		case <-time.After(sh.listenDelay):
+		case <-ctx.Done():
+			return 0
+		}
+	}
+	ls, err := sh.listen(*listen)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "app: %v\n", err)
+		return 1
+	}
+	errc := make(chan error, len(ls))
+	for _, l := range ls {
+		go func() { errc <- srv.Serve(l) }()
+	}
 
 	select {
 	case err := <-errc:
