@@ -236,12 +236,30 @@ func (r *run) stopOld(timeout int64) error {
 }
 
 // doHealthGate waits for the new container to prove healthy: the request's
-// checks, then a listener on every port the old container listened on.
+// checks, and a listener on every port the old container listened on. A
+// port that never came ends the gate at once: the clients parked on it wait
+// for the rollback.
 func (r *run) doHealthGate() error {
-	if err := r.healthGate(r.ctx, r.newID); err != nil {
+	if r.listeners == nil || !r.hold.requireListeners {
+		return r.healthGate(r.ctx, r.newID)
+	}
+	ctx, cancel := context.WithCancelCause(r.ctx)
+	defer cancel(nil)
+	verdict := make(chan error, 1)
+	go func() {
+		err := r.awaitListeners(ctx)
+		if err != nil {
+			cancel(err)
+		}
+		verdict <- err
+	}()
+	if err := r.healthGate(ctx, r.newID); err != nil {
+		if cause := context.Cause(ctx); ctx.Err() != nil && r.ctx.Err() == nil {
+			return cause
+		}
 		return err
 	}
-	return r.awaitListeners(r.ctx)
+	return <-verdict
 }
 
 func (r *run) doStartNew() error {

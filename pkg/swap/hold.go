@@ -293,9 +293,6 @@ func (r *run) watchHold(ctx context.Context, h ActiveHold) {
 // awaitListeners is the health gate's part of the hold: the new container
 // must listen on every port the old one listened on by the hold's limit.
 func (r *run) awaitListeners(ctx context.Context) error {
-	if r.listeners == nil || !r.hold.requireListeners {
-		return nil
-	}
 	select {
 	case never := <-r.listeners:
 		if len(never) > 0 {

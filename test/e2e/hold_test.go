@@ -23,6 +23,7 @@ type holdRecord struct {
 	Parked        string   `json:"parked"`
 	Reason        string   `json:"reason"`
 	LongestWaitNs string   `json:"longest_wait_ns"`
+	NeverListened []uint32 `json:"never_listened"`
 }
 
 type holdSwap struct {
@@ -123,6 +124,9 @@ func TestConnectionHold(t *testing.T) {
 			harness.CheckWaits(t, ds, r.released())
 		})
 
+		// A new version that never listens where the old one did rolls
+		// back at --hold-max; the port stays held through the rollback, so
+		// no client is refused and the held ones land on the old version.
 		t.Run("never listens", func(t *testing.T) {
 			e.px.ExtraArgs = []string{"--hold-max", "2s"}
 			if err := e.px.Stop(); err != nil {
@@ -135,27 +139,44 @@ func TestConnectionHold(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r, ds := swapUnder(t, "--image", e.imgs.App2, "--args", "-listen=", "--health-tcp", "8080", "--health-timeout", "4s")
+			r, ds := swapUnder(t, "--image", e.imgs.App2, "--args", "-listen=")
 			s := harness.TallyDials(t, ds)
 			t.Logf("state %s %s, hold %+v; client %+v", r.State, r.Error, *r.Hold, s)
-			if r.State != "SWAP_STATE_FAILED" || !strings.Contains(r.Error, "rolled back") || r.Hold.Reason != "limit" {
+			if r.State != "SWAP_STATE_FAILED" || !strings.Contains(r.Error, "did not listen on port 8080") || !strings.Contains(r.Error, "rolled back") {
 				t.Fatalf("record: %s %s, hold %+v", r.State, r.Error, *r.Hold)
 			}
-			if d, _ := strconv.ParseInt(r.Hold.DurationNs, 10, 64); time.Duration(d) < 2*time.Second || time.Duration(d) > 2200*time.Millisecond {
+			if r.Hold.Reason != "listening" || fmt.Sprint(r.Hold.NeverListened) != "[8080]" {
+				t.Errorf("hold %+v: want released when the rolled-back container listened, 8080 never listened on", *r.Hold)
+			}
+			if d, _ := strconv.ParseInt(r.Hold.DurationNs, 10, 64); time.Duration(d) < 2*time.Second {
 				t.Errorf("hold lasted %s, --hold-max 2s", time.Duration(d))
 			}
-			for _, a := range ds {
-				if a.Connect > 2*time.Second+100*time.Millisecond {
-					t.Errorf("connection at %s waited %s to connect, past --hold-max 2s", a.At.Format("15:04:05.000"), a.Connect)
-				}
+			if s.Failed() > 0 || s.ByVersion[before] == 0 || len(s.ByVersion) != 1 {
+				t.Errorf("client: %+v, want every connection answered by %s (what ran before), none failed", s, before)
 			}
-			eventually(t, 10*time.Second, before+" (what ran before) answering after the rollback", func() error {
-				v, err := httpGet("http://" + addr + "/version")
-				if err != nil || v != before {
-					return fmt.Errorf("%q %v", v, err)
-				}
-				return nil
-			})
+			harness.CheckWaits(t, ds, r.released())
+		})
+
+		// With the pod's opt-out the same swap commits as before: the hold
+		// ends at the limit and the port refuses.
+		t.Run("never listens, opted out", func(t *testing.T) {
+			q := runPod(t, e.cri, "hold-optout", e.imgs.App1, podOpts{annotations: map[string]string{"inplaced.io/require-listeners": "false"}})
+			qsb, qInfo := sandboxInfo(t, e.cri, q.sandboxID)
+			qaddr := net.JoinHostPort(qsb.GetNetwork().GetIp(), "8080")
+			eventually(t, 10*time.Second, "v1 answering", func() error { _, err := httpGet("http://" + qaddr + "/version"); return err })
+			d := harness.StartDialer(qaddr)
+			out, _ := e.px.Ctl("swap", q.name, "-c", "app", "-o", "json", "--image", e.imgs.App2, "--args", "-listen=")
+			r := parseHoldSwap(t, out)
+			time.Sleep(300 * time.Millisecond)
+			s := harness.TallyDials(t, d.End())
+			checkNoHoldTable(t, qInfo.Pid, "after the swap")
+			t.Logf("state %s %s, hold %+v; client %+v", r.State, r.Error, r.Hold, s)
+			if r.State != "SWAP_STATE_COMMITTED" || r.Hold == nil || r.Hold.Reason != "limit" || fmt.Sprint(r.Hold.NeverListened) != "[8080]" {
+				t.Fatalf("record: %s %s, hold %+v: want committed, released at the limit, 8080 never listened on", r.State, r.Error, r.Hold)
+			}
+			if s.Refused == 0 {
+				t.Errorf("client %+v: past the limit the port refuses, as without the check", s)
+			}
 		})
 
 		t.Run("crashing image", func(t *testing.T) {
