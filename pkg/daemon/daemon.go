@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -151,7 +152,7 @@ func (d *daemon) newEngine(ctx context.Context) error {
 		Runtime: d.rt, Images: d.images,
 		Store: d.st, Fences: d.fences, Kubelet: d.view, Logger: d.log.Named("swap"), HealthMinRuntime: d.cfg.HealthMinRuntime.D(),
 		Observer: d.obs.swap, Puller: d.puller,
-		Holder: holder{}, ConnectionHold: d.cfg.ConnectionHold, HoldMax: d.cfg.HoldMax.D(),
+		Holder: holder{oneBatch: os.Getenv(HoldOneBatchEnv) == "1"}, ConnectionHold: d.cfg.ConnectionHold, HoldMax: d.cfg.HoldMax.D(),
 		ListenersOptional: !d.cfg.RequireListeners,
 		// The keeper is made just below, from the engine; swaps start only
 		// once both are, when serving.

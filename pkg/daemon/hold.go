@@ -9,9 +9,14 @@ import (
 	"github.com/inplaced/inplaced/pkg/swap"
 )
 
+// HoldOneBatchEnv, set to 1, makes every hold release its parked SYNs in
+// one batch instead of pacing them to the new listener's accept queue: the
+// release before pacing, for make bench's comparison only.
+const HoldOneBatchEnv = "INPLACED_TEST_HOLD_ONE_BATCH"
+
 // holder is package hold behind the engine's Holder interface, so that the
 // engine stays free of netlink and testable with a fake.
-type holder struct{}
+type holder struct{ oneBatch bool }
 
 func (holder) Ports(netns string, pid int, declared []uint16) (swap.HoldPorts, error) {
 	if netns == "" || pid == 0 {
@@ -25,12 +30,16 @@ func (holder) Ports(netns string, pid int, declared []uint16) (swap.HoldPorts, e
 	return swap.HoldPorts{Hold: p.Hold, Listened: p.Observed}, err
 }
 
-func (holder) Hold(ctx context.Context, netns string, ports []uint16, mode string) (swap.ActiveHold, error) {
+func (hd holder) Hold(ctx context.Context, netns string, ports []uint16, mode string) (swap.ActiveHold, error) {
 	m, err := hold.ParseMode(mode)
 	if err != nil {
 		return nil, err
 	}
-	h, err := hold.Hold(ctx, netns, ports, m)
+	var opts []hold.Option
+	if hd.oneBatch {
+		opts = append(opts, hold.OneBatch())
+	}
+	h, err := hold.Hold(ctx, netns, ports, m, opts...)
 	if err != nil {
 		return nil, err
 	}

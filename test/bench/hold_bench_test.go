@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -74,11 +75,82 @@ func BenchmarkSwapHold(b *testing.B) {
 type holdTrialResult struct {
 	failed        int
 	slowest, held time.Duration
+	// late counts the connections that waited past the release + 50 ms.
+	late int
+}
+
+// BenchmarkHoldRelease measures the release of the parked SYNs to a server
+// with a listen backlog of 5 that serves one connection at a time (the test
+// app's -backlog=5 -serial: busybox httpd, Python's http.server): paced to
+// the new listener's accept queue (the default) against one batch (the
+// release before pacing, inplaced started with INPLACED_TEST_HOLD_ONE_BATCH=1),
+// a fresh pod per repetition, the two taking turns, under a client opening a
+// new connection every 5 ms. Per mode: failed connections and those that
+// waited past the release + 50 ms (summed), the slowest handshake (median
+// and worst).
+func BenchmarkHoldRelease(b *testing.B) {
+	benchBackends(b, func(b *testing.B, ctrd *harness.Containerd) {
+		e := newSwapEnv(b, ctrd)
+		modes := []string{"paced", "batch"}
+		failed, late := map[string]int{}, map[string]int{}
+		slowest := map[string][]int64{}
+		rep := 0
+		one := func() {
+			for k := range modes {
+				m := modes[(rep+k)%len(modes)]
+				e.restartProxy(b, m == "batch")
+				t := e.holdTrial(b, "queue", "-backlog=5", "-serial")
+				failed[m] += t.failed
+				late[m] += t.late
+				slowest[m] = append(slowest[m], int64(t.slowest))
+			}
+			rep++
+		}
+		for b.Loop() {
+			one()
+		}
+		for rep < replaceReps() {
+			one()
+		}
+		for _, m := range modes {
+			b.Logf("%s: %d failed, %d past the release + 50 ms; slowest handshakes %v", m, failed[m], late[m], durations(slowest[m]))
+		}
+		med := func(ns []int64) float64 { return float64(report.Median(ns)) / 1e6 }
+		worst := func(ns []int64) float64 { return float64(slices.Max(ns)) / 1e6 }
+		b.ReportMetric(float64(report.Median(slowest["paced"])), "ns/op")
+		for _, m := range modes {
+			b.ReportMetric(float64(failed[m]), m+"-failed")
+			b.ReportMetric(float64(late[m]), m+"-late")
+			b.ReportMetric(med(slowest[m]), m+"-slowest-ms")
+			b.ReportMetric(worst(slowest[m]), m+"-worst-ms")
+		}
+		b.ReportMetric(float64(rep), "reps")
+	})
+}
+
+// restartProxy restarts inplaced with the one-batch release or without it,
+// when it runs the other way.
+func (e *replaceEnv) restartProxy(b *testing.B, oneBatch bool) {
+	b.Helper()
+	if e.oneBatch == oneBatch {
+		return
+	}
+	if err := e.px.Stop(); err != nil {
+		b.Fatal(err)
+	}
+	var env []string
+	if oneBatch {
+		env = append(env, "INPLACED_TEST_HOLD_ONE_BATCH=1")
+	}
+	if err := e.px.Start(env...); err != nil {
+		b.Fatal(err)
+	}
+	e.oneBatch = oneBatch
 }
 
 // holdTrial swaps App1 → App2 in a fresh pod whose connection hold is mode
 // (queue: the default; off: by the pod's annotation) under a Dialer.
-func (e *replaceEnv) holdTrial(b *testing.B, mode string) holdTrialResult {
+func (e *replaceEnv) holdTrial(b *testing.B, mode string, args ...string) holdTrialResult {
 	b.Helper()
 	e.seq++
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -95,7 +167,9 @@ func (e *replaceEnv) holdTrial(b *testing.B, mode string) holdTrialResult {
 			b.Errorf("remove pod: %v", err)
 		}
 	}()
-	oldID, err := p.start(ctx, e.proxy, p.kubeContainerConfig("app", e.ctrd.Images.App1, 0))
+	cfg := p.kubeContainerConfig("app", e.ctrd.Images.App1, 0)
+	cfg.Args = args
+	oldID, err := p.start(ctx, e.proxy, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -118,8 +192,9 @@ func (e *replaceEnv) holdTrial(b *testing.B, mode string) holdTrialResult {
 	var r struct {
 		State string `json:"state"`
 		Hold  struct {
-			Mode       string `json:"mode"`
-			DurationNs string `json:"duration_ns"`
+			Mode            string `json:"mode"`
+			DurationNs      string `json:"duration_ns"`
+			StartedUnixNano string `json:"started_unix_nano"`
 		} `json:"hold"`
 	}
 	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &r); err != nil || r.State != "SWAP_STATE_COMMITTED" || r.Hold.Mode != mode {
@@ -135,6 +210,9 @@ func (e *replaceEnv) holdTrial(b *testing.B, mode string) holdTrialResult {
 	}
 	n, _ := strconv.ParseInt(r.Hold.DurationNs, 10, 64)
 	res.held = time.Duration(n)
+	if start, _ := strconv.ParseInt(r.Hold.StartedUnixNano, 10, 64); start > 0 {
+		res.late = len(harness.WaitedPast(ds, time.Unix(0, start+n), 50*time.Millisecond))
+	}
 	b.Logf("hold %s: %d connections, %d failed (%+v), slowest handshake %s, held %s", mode, len(ds), res.failed, s,
 		res.slowest.Round(time.Millisecond), res.held.Round(time.Millisecond))
 	return res

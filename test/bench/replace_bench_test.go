@@ -53,6 +53,8 @@ type replaceEnv struct {
 	direct *harness.CRIClient
 	proxy  *harness.CRIClient
 	seq    int
+	// oneBatch: inplaced runs with the one-batch release (restartProxy).
+	oneBatch bool
 	// largeRefs name the large image in the registry and over each link:
 	// one image, one 100 MiB blob.
 	largeRefs []string

@@ -84,6 +84,7 @@ type doc struct {
 	rzOrder   []string
 	swapRT    []GoBench // BenchmarkSwapRuntime/<backend>
 	hold      []GoBench // BenchmarkSwapHold/<backend>
+	release   []GoBench // BenchmarkHoldRelease/<backend>
 }
 
 func newDoc(in Input) *doc {
@@ -138,6 +139,10 @@ func newDoc(in Input) *doc {
 		}
 		if parts[0] == "BenchmarkSwapHold" && len(parts) == 2 && gb.Metrics["reps"] > 0 {
 			d.hold = append(d.hold, gb)
+			continue
+		}
+		if parts[0] == "BenchmarkHoldRelease" && len(parts) == 2 && gb.Metrics["reps"] > 0 {
+			d.release = append(d.release, gb)
 			continue
 		}
 		if parts[0] != "BenchmarkResize" || len(parts) < 3 {
@@ -1043,6 +1048,7 @@ func (d *doc) swapHold(b *strings.Builder) {
 	fmt.Fprintf(b, "## 5. New connections during a swap: the connection hold on and off\n\n")
 	if len(d.hold) == 0 {
 		fmt.Fprintf(b, "`BenchmarkSwapHold` (`test/bench/hold_bench_test.go`) reported no results in this run (not selected, skipped or failed: see the bench log).\n\n")
+		d.holdRelease(b)
 		return
 	}
 	fmt.Fprintf(b, "`BenchmarkSwapHold` (`test/bench/hold_bench_test.go`): `inplacectl swap` App1 → App2 in a fresh pod per repetition, "+
@@ -1062,6 +1068,36 @@ func (d *doc) swapHold(b *strings.Builder) {
 		}
 		fmt.Fprintf(b, "| %s | %.0f | %s | %s | %.2f | %.0f | %s | %.0f | %s |\n", strings.TrimPrefix(gb.Name, "BenchmarkSwapHold/"),
 			m["hold-failed"], ms("hold-slowest-ms"), ms("hold-gap-ms"), m["slowest/limit"], m["off-failed"], ms("off-slowest-ms"), m["reps"], verdict)
+	}
+	b.WriteString("\n")
+	d.holdRelease(b)
+}
+
+// holdRelease is BenchmarkHoldRelease's part of section 5: the parked SYNs
+// released to a small backlog, paced against one batch.
+func (d *doc) holdRelease(b *strings.Builder) {
+	fmt.Fprintf(b, "### The release to a server with a listen backlog of 5: paced against one batch\n\n")
+	if len(d.release) == 0 {
+		fmt.Fprintf(b, "`BenchmarkHoldRelease` (`test/bench/hold_bench_test.go`) reported no results in this run (not selected, skipped or failed: see the bench log).\n\n")
+		return
+	}
+	fmt.Fprintf(b, "`BenchmarkHoldRelease` (`test/bench/hold_bench_test.go`): the same swap of a server with a listen backlog of 5 that serves one "+
+		"connection at a time (the test app's `-backlog=5 -serial`, the shape of busybox httpd or Python's `http.server`), a fresh pod per repetition, "+
+		"the parked SYNs released *paced* to the new listener's accept queue (the default) or in *one batch* (the release before pacing), taking turns. "+
+		"*Late*: connections whose handshake waited past the release + 50 ms (a SYN the kernel dropped for a full accept queue comes back a second later), "+
+		"summed. *Slowest*: the slowest handshake of a repetition, median and worst. Target: paced, no failure and none late.\n\n")
+	fmt.Fprintf(b, "| Backend | Failed, paced | Late, paced | Slowest, paced (median / worst) | Failed, one batch | Late, one batch | Slowest, one batch (median / worst) | Repetitions each | Target |\n")
+	fmt.Fprintf(b, "|---|--:|--:|--:|--:|--:|--:|--:|---|\n")
+	for _, gb := range d.release {
+		m := gb.Metrics
+		ms := func(k string) string { return fmtNs(m[k] * 1e6) }
+		verdict := "**PASS**"
+		if m["paced-failed"] > 0 || m["paced-late"] > 0 {
+			verdict = "**FAIL**"
+		}
+		fmt.Fprintf(b, "| %s | %.0f | %.0f | %s / %s | %.0f | %.0f | %s / %s | %.0f | %s |\n", strings.TrimPrefix(gb.Name, "BenchmarkHoldRelease/"),
+			m["paced-failed"], m["paced-late"], ms("paced-slowest-ms"), ms("paced-worst-ms"),
+			m["batch-failed"], m["batch-late"], ms("batch-slowest-ms"), ms("batch-worst-ms"), m["reps"], verdict)
 	}
 	b.WriteString("\n")
 }

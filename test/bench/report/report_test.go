@@ -209,6 +209,26 @@ func TestRenderSwapRuntime(t *testing.T) {
 	}
 }
 
+func TestRenderHoldRelease(t *testing.T) {
+	var b strings.Builder
+	in := Input{GoBench: []GoBench{{Name: "BenchmarkHoldRelease/containerd-2.4", N: 1, Metrics: map[string]float64{
+		"paced-failed": 0, "paced-late": 0, "paced-slowest-ms": 200, "paced-worst-ms": 230,
+		"batch-failed": 0, "batch-late": 21, "batch-slowest-ms": 1030, "batch-worst-ms": 1041, "reps": 5}},
+		{Name: "BenchmarkHoldRelease/containerd-1.6", N: 1, Metrics: map[string]float64{
+			"paced-failed": 0, "paced-late": 2, "paced-slowest-ms": 200, "paced-worst-ms": 1010, "reps": 5}}}}
+	if err := Render(&b, in); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| containerd-2.4 | 0 | 0 | 200 ms / 230 ms | 0 | 21 | 1.03 s / 1.04 s | 5 | **PASS** |",
+		"| containerd-1.6 | 0 | 2 | 200 ms / 1.01 s |",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("the release table lacks %q:\n%s", want, b.String()[strings.Index(b.String(), "### The release"):])
+		}
+	}
+}
+
 func TestRenderSwapHold(t *testing.T) {
 	var b strings.Builder
 	in := Input{GoBench: []GoBench{{Name: "BenchmarkSwapHold/containerd-2.4", N: 1, Metrics: map[string]float64{
