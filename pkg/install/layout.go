@@ -208,7 +208,7 @@ func (k *kubeadm) restore(f Facts, rec *Record, endpoint string, prev endpoints)
 				Why: "kubelet's endpoints back to " + prev.runtime})
 		}
 	}
-	c.unitDropIn = removeIfExists(&c.steps, f, k.unitDropIn(), "kubelet's order after inplaced")
+	c.unitDropIn = removeWithDir(&c.steps, f, k.unitDropIn(), "kubelet's order after inplaced")
 	return c
 }
 
@@ -280,8 +280,8 @@ func (k *k3s) point(f Facts, _ *Record, endpoint string, prev endpoints, p Paylo
 
 func (k *k3s) restore(f Facts, _ *Record, _ string, prev endpoints) change {
 	c := change{}
-	c.config = removeIfExists(&c.steps, f, k.dropIn(), "k3s's endpoints back to "+prev.runtime)
-	c.unitDropIn = removeIfExists(&c.steps, f, k.unitDropIn(), k.unitName+"'s order after inplaced")
+	c.config = removeWithDir(&c.steps, f, k.dropIn(), "k3s's endpoints back to "+prev.runtime)
+	c.unitDropIn = removeWithDir(&c.steps, f, k.unitDropIn(), k.unitName+"'s order after inplaced")
 	return c
 }
 
@@ -352,6 +352,16 @@ func removeIfExists(steps *[]Step, f Facts, p, why string) bool {
 		return false
 	}
 	*steps = append(*steps, Step{Op: OpRemove, Path: p, Why: why})
+	return true
+}
+
+// removeWithDir removes a drop-in and then its directory if that is left
+// empty (the install may have made it).
+func removeWithDir(steps *[]Step, f Facts, p, why string) bool {
+	if !removeIfExists(steps, f, p, why) {
+		return false
+	}
+	*steps = append(*steps, Step{Op: OpRemoveEmptyDir, Path: path.Dir(p)})
 	return true
 }
 

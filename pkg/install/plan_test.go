@@ -471,9 +471,11 @@ func TestPlanUninstall(t *testing.T) {
 		kubelet string
 		restore []string
 	}{
-		{Kubeadm, kubeadmNode(), KubeletUnit, []string{"write " + kubeletCfg, "remove /etc/systemd/system/kubelet.service.d/10-inplaced.conf"}},
+		{Kubeadm, kubeadmNode(), KubeletUnit, []string{"write " + kubeletCfg, "remove /etc/systemd/system/kubelet.service.d/10-inplaced.conf",
+			"remove-empty-dir /etc/systemd/system/kubelet.service.d"}},
 		{K3s, k3sNode("container-runtime-endpoint: " + containerd + "\n"), "k3s-agent.service",
-			[]string{"remove " + k3sCfg + ".d/90-inplaced.yaml", "remove /etc/systemd/system/k3s-agent.service.d/10-inplaced.conf"}},
+			[]string{"remove " + k3sCfg + ".d/90-inplaced.yaml", "remove-empty-dir " + k3sCfg + ".d",
+				"remove /etc/systemd/system/k3s-agent.service.d/10-inplaced.conf", "remove-empty-dir /etc/systemd/system/k3s-agent.service.d"}},
 	} {
 		t.Run(string(layout.l)+" with the recorded endpoint", func(t *testing.T) {
 			s := spec(t, layout.l, "v1")
