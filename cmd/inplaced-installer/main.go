@@ -59,11 +59,14 @@ type options struct {
 	criTimeout          time.Duration
 	readyTimeout        time.Duration
 	apiTimeout          time.Duration
+	swapTimeout         time.Duration
 	readyFile           string
 }
 
-func newRoot() *cobra.Command {
-	o := &options{}
+func newRoot() *cobra.Command { return newRootFor(&options{}) }
+
+// newRootFor is the command line with its flags bound to o.
+func newRootFor(o *options) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "inplaced-installer",
 		Short:         "Install, upgrade and remove inplaced on a node, from a privileged pod",
@@ -89,6 +92,7 @@ func newRoot() *cobra.Command {
 	f.DurationVar(&o.criTimeout, "cri-timeout", time.Minute, "how long inplaced has to answer CRI after it starts")
 	f.DurationVar(&o.readyTimeout, "ready-timeout", 3*time.Minute, "how long the Node has to be Ready after kubelet restarts")
 	f.DurationVar(&o.apiTimeout, "api-timeout", 2*time.Minute, "how long each API write is retried")
+	f.DurationVar(&o.swapTimeout, "swap-timeout", 2*time.Minute, "uninstall: how long swaps in flight have to end before inplaced stops")
 	f.StringVar(&o.readyFile, "ready-file", "/run/inplaced-installer/ready", "written when the DaemonSet's run succeeded (the readiness probe reads it)")
 	root.AddCommand(
 		nodeCommand(o, "install", "Install or upgrade inplaced on this node", install.PlanInstall),

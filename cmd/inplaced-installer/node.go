@@ -78,8 +78,8 @@ func runOnNode(ctx context.Context, o *options, log *zap.Logger, action string, 
 	}
 	log.Info("plan", zap.String("action", action), zap.String("summary", p.Summary), zap.Stringer("steps", p))
 	ex := &install.Executor{Root: o.root, Systemd: sd, CRI: install.CRIClient{}, Node: node,
-		Kernel: install.HostKernel{Proc: o.proc}, Log: log,
-		CRITimeout: o.criTimeout, ReadyTimeout: o.readyTimeout, APITimeout: o.apiTimeout}
+		Kernel: install.HostKernel{Proc: o.proc}, Swaps: install.ControlClient{}, Log: log,
+		CRITimeout: o.criTimeout, ReadyTimeout: o.readyTimeout, APITimeout: o.apiTimeout, SwapTimeout: o.swapTimeout}
 	if err := ex.Run(ctx, p); err != nil {
 		return err
 	}

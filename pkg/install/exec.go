@@ -43,6 +43,12 @@ type Node interface {
 	Event(ctx context.Context, eventType, reason, message string) error
 }
 
+// Swaps lists the swaps an inplaced runs, through its control socket (a
+// path in the installer's view).
+type Swaps interface {
+	Running(ctx context.Context, socket string) ([]string, error)
+}
+
 // Kernel is what an uninstall checks is left in the kernel.
 type Kernel interface {
 	// RemoveHoldTables deletes every inplaced_hold_* table in every network
@@ -61,12 +67,14 @@ type Executor struct {
 	// event are then skipped, and the Ready wait checks only the unit.
 	Node   Node
 	Kernel Kernel
+	Swaps  Swaps
 	Log    *zap.Logger
 	Now    func() time.Time
 	// CRITimeout bounds the wait for inplaced to answer, ReadyTimeout the
 	// wait for the Node to be Ready after kubelet's restart, APITimeout
-	// each write to the API (retried meanwhile), UndoTimeout the undo.
-	CRITimeout, ReadyTimeout, APITimeout, UndoTimeout time.Duration
+	// each write to the API (retried meanwhile), SwapTimeout the wait for
+	// running swaps before inplaced stops for good, UndoTimeout the undo.
+	CRITimeout, ReadyTimeout, APITimeout, SwapTimeout, UndoTimeout time.Duration
 	// Poll is the pause between tries of a wait.
 	Poll time.Duration
 }
@@ -225,6 +233,9 @@ func (x *run) doCheck(ctx context.Context, s Step) error {
 		return x.waitCRI(ctx, s.Path)
 	case OpWaitReady:
 		return x.waitReady(ctx, s.Units[0])
+	case OpWaitSwaps:
+		x.waitSwaps(ctx, s.Path)
+		return nil
 	case OpRemoveHolds:
 		found, err := x.e.Kernel.RemoveHoldTables(ctx)
 		if len(found) > 0 {
@@ -378,6 +389,25 @@ func (x *run) waitCRI(ctx context.Context, socket string) error {
 		return fmt.Errorf("%s did not answer CRI Version within %s: %w", socket, x.e.CRITimeout, last)
 	}
 	return err
+}
+
+// waitSwaps gives swaps in flight SwapTimeout to end. An inplaced that
+// does not answer runs none; one still running at the end is cut by the
+// stop, and said so.
+func (x *run) waitSwaps(ctx context.Context, socket string) {
+	if x.e.Swaps == nil {
+		return
+	}
+	var running []string
+	_ = poll(ctx, x.e.SwapTimeout, x.e.poll(), func(ctx context.Context) (bool, error) {
+		r, err := x.e.Swaps.Running(ctx, x.host(socket))
+		running = r
+		return err != nil || len(r) == 0, nil
+	})
+	if len(running) > 0 {
+		x.note(fmt.Sprintf("swaps still running when inplaced stopped (kubelet restarts their containers from the pod spec): %s",
+			strings.Join(running, ", ")))
+	}
 }
 
 // waitReady waits for the Node's Ready condition with a heartbeat after

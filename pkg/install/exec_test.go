@@ -185,6 +185,25 @@ func (n *fakeNode) Event(_ context.Context, typ, reason, msg string) error {
 	return nil
 }
 
+// fakeSwaps has running swaps for its first polls.
+type fakeSwaps struct {
+	mu      sync.Mutex
+	running []string
+	polls   int // polls left before none runs; -1: never ends
+}
+
+func (f *fakeSwaps) Running(context.Context, string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.polls == 0 {
+		return nil, nil
+	}
+	if f.polls > 0 {
+		f.polls--
+	}
+	return f.running, nil
+}
+
 type fakeKernel struct{ tables []string }
 
 func (k fakeKernel) RemoveHoldTables(context.Context) ([]string, error) { return k.tables, nil }
@@ -200,10 +219,11 @@ type host struct {
 	cri     *fakeCRI
 	node    *fakeNode
 	kernel  fakeKernel
+	swaps   *fakeSwaps
 }
 
 func newHost(t *testing.T) *host {
-	h := &host{t: t, root: t.TempDir(), payload: t.TempDir(), cri: &fakeCRI{}, node: &fakeNode{}}
+	h := &host{t: t, root: t.TempDir(), payload: t.TempDir(), cri: &fakeCRI{}, node: &fakeNode{}, swaps: &fakeSwaps{}}
 	h.node.node.Name = "node-1"
 	h.sd = newFakeSystemd(h.root)
 	h.writeHost(kubeletCfg, kubeadmConfig)
@@ -255,8 +275,9 @@ func (h *host) exists(p string) bool {
 }
 
 func (h *host) executor() *Executor {
-	return &Executor{Root: h.root, Systemd: h.sd, CRI: h.cri, Node: h.node, Kernel: h.kernel,
-		CRITimeout: 300 * time.Millisecond, ReadyTimeout: 300 * time.Millisecond, APITimeout: time.Second, Poll: 10 * time.Millisecond}
+	return &Executor{Root: h.root, Systemd: h.sd, CRI: h.cri, Node: h.node, Kernel: h.kernel, Swaps: h.swaps,
+		CRITimeout: 300 * time.Millisecond, ReadyTimeout: 300 * time.Millisecond, APITimeout: time.Second,
+		SwapTimeout: 300 * time.Millisecond, Poll: 10 * time.Millisecond}
 }
 
 // run inspects the host, plans for action and runs the plan.
@@ -468,18 +489,40 @@ func TestExecutorUndoFailsToo(t *testing.T) {
 }
 
 // TestExecutorUninstallReportsLeftovers: hold tables a killed inplaced left
-// are removed and the Event says so, as a warning.
+// are removed, and a swap that outlasts the wait is cut; the Event says so,
+// as a warning.
 func TestExecutorUninstallReportsLeftovers(t *testing.T) {
 	h := newHost(t)
 	if _, err := h.run("install", "v1"); err != nil {
 		t.Fatal(err)
 	}
 	h.kernel = fakeKernel{tables: []string{"inplaced_hold_1 (network namespace of pid 4242)"}}
+	h.swaps.running, h.swaps.polls = []string{"shop/web/app"}, -1
 	if _, err := h.run("uninstall", "v1"); err != nil {
 		t.Fatal(err)
 	}
 	last := h.node.events[len(h.node.events)-1]
-	if !strings.HasPrefix(last, "Warning "+ReasonUninstalled) || !strings.Contains(last, "inplaced_hold_1") {
+	if !strings.HasPrefix(last, "Warning "+ReasonUninstalled) || !strings.Contains(last, "inplaced_hold_1") ||
+		!strings.Contains(last, "shop/web/app") {
+		t.Errorf("event %q", last)
+	}
+}
+
+// TestExecutorUninstallWaitsForSwaps: a swap in flight ends before
+// inplaced stops; nothing to report.
+func TestExecutorUninstallWaitsForSwaps(t *testing.T) {
+	h := newHost(t)
+	if _, err := h.run("install", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	h.swaps.running, h.swaps.polls = []string{"shop/web/app"}, 3
+	if _, err := h.run("uninstall", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	if h.swaps.polls != 0 {
+		t.Errorf("stopped with the swap still running (%d polls left)", h.swaps.polls)
+	}
+	if last := h.node.events[len(h.node.events)-1]; !strings.HasPrefix(last, "Normal "+ReasonUninstalled) {
 		t.Errorf("event %q", last)
 	}
 }

@@ -39,6 +39,10 @@ const (
 	// OpWaitReady waits until the Node is Ready with a heartbeat after
 	// the plan's last restart of Units[0] (kubelet or k3s).
 	OpWaitReady Op = "wait-node-ready"
+	// OpWaitSwaps waits, at most the executor's SwapTimeout, until the
+	// inplaced at control socket Path runs no swap (none is cut by the stop
+	// that follows, with no later start to settle it).
+	OpWaitSwaps Op = "wait-swaps"
 	// OpRemoveHolds deletes every inplaced_hold_* netfilter table left in
 	// any network namespace on the host (none after a clean stop).
 	OpRemoveHolds Op = "remove-hold-tables"
@@ -147,7 +151,7 @@ func (p *Plan) String() string {
 
 // check says whether op only looks.
 func (op Op) check() bool {
-	return op == OpWaitCRI || op == OpWaitReady || op == OpCheckMounts
+	return op == OpWaitCRI || op == OpWaitReady || op == OpWaitSwaps || op == OpCheckMounts
 }
 
 func unitOp(op Op, unit, why string) Step { return Step{Op: op, Units: []string{unit}, Why: why} }

@@ -485,7 +485,7 @@ func TestPlanUninstall(t *testing.T) {
 			p := must(t)(PlanUninstall(s, done))
 			want := append(append([]string{"write " + RecordPath}, layout.restore...), "daemon-reload",
 				"restart "+layout.kubelet, "wait-node-ready "+layout.kubelet,
-				"stop inplaced.service", "disable inplaced.service",
+				"wait-swaps /run/inplaced/control.sock", "stop inplaced.service", "disable inplaced.service",
 				"remove /etc/inplaced/config.yaml", "remove /etc/systemd/system/inplaced.service",
 				"remove /usr/local/bin/inplacectl", "remove /usr/local/bin/inplaced",
 				"remove-empty-dir /etc/systemd/system/inplaced.service.d", "daemon-reload", "reset-failed inplaced.service",

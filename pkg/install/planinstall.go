@@ -364,6 +364,16 @@ func inplacedEndpoint(p Payload) string {
 	return "unix://" + RuntimeDir + "/inplaced.sock"
 }
 
+// controlSocketOf is inplaced's control socket, from the config
+// template's controlSocket.
+func controlSocketOf(p Payload) string {
+	m, err := topLevel(p[payloadConfig].Data)
+	if c := stringKey(m, "controlSocket"); err == nil && c != "" {
+		return c
+	}
+	return RuntimeDir + "/control.sock"
+}
+
 // placed is one payload file at its host path.
 type placed struct {
 	payload, host string

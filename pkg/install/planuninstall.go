@@ -141,6 +141,9 @@ func (u *uninstaller) inplacedPhase() Phase {
 		return strings.HasSuffix(units[i], ".socket") && !strings.HasSuffix(units[j], ".socket")
 	})
 	ph := Phase{Name: "inplaced"}
+	if u.f.unit(ServiceUnit).running() {
+		ph.Steps = append(ph.Steps, Step{Op: OpWaitSwaps, Path: controlSocketOf(u.s.Payload), Why: "no swap cut by the stop"})
+	}
 	var enabled []string
 	for _, n := range units {
 		st := u.f.unit(n)
