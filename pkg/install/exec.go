@@ -202,9 +202,17 @@ func (x *run) do(ctx context.Context, s Step) error {
 	case OpRemove:
 		return x.remove(s.Path)
 	case OpRemoveAll:
-		return os.RemoveAll(x.host(s.Path))
+		p, err := hostPath(x.e.Root, s.Path, true)
+		if err != nil {
+			return err
+		}
+		return os.RemoveAll(p)
 	case OpRemoveEmptyDir:
-		if err := os.Remove(x.host(s.Path)); err != nil && !errors.Is(err, fs.ErrNotExist) && !isNotEmpty(err) {
+		p, err := hostPath(x.e.Root, s.Path, true)
+		if err != nil {
+			return err
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) && !isNotEmpty(err) {
 			return err
 		}
 		return nil
@@ -273,13 +281,14 @@ func (x *run) resetFailed(ctx context.Context, units []string) error {
 	return errors.Join(errs...)
 }
 
-func (x *run) host(p string) string { return filepath.Join(x.e.Root, p) }
-
 // write replaces a file atomically: the new content goes to a temporary
 // file beside it, renamed over the old one, which a hard link keeps as the
 // backup until the plan is done (a running binary keeps its old inode).
 func (x *run) write(s Step) error {
-	p := x.host(s.Path)
+	p, err := hostPath(x.e.Root, s.Path, false)
+	if err != nil {
+		return err
+	}
 	if err := x.mkdirs(filepath.Dir(p)); err != nil {
 		return err
 	}
@@ -338,7 +347,10 @@ func copyFrom(w io.Writer, src string) error {
 
 // remove takes a file away: into its backup in an undoable phase.
 func (x *run) remove(rel string) error {
-	p := x.host(rel)
+	p, err := hostPath(x.e.Root, rel, true)
+	if err != nil {
+		return err
+	}
 	backup := p + backupSuffix
 	_ = os.Remove(backup)
 	if !x.undoable {
@@ -377,7 +389,11 @@ func (x *run) mkdirs(dir string) error {
 func (x *run) waitCRI(ctx context.Context, socket string) error {
 	var last error
 	err := poll(ctx, x.e.CRITimeout, x.e.poll(), func(ctx context.Context) (bool, error) {
-		v, err := x.e.CRI.Version(ctx, x.host(socket))
+		p, err := hostPath(x.e.Root, socket, false)
+		if err != nil {
+			return false, err
+		}
+		v, err := x.e.CRI.Version(ctx, p)
 		if err != nil {
 			last = err
 			return false, nil
@@ -400,7 +416,11 @@ func (x *run) waitSwaps(ctx context.Context, socket string) {
 	}
 	var running []string
 	_ = poll(ctx, x.e.SwapTimeout, x.e.poll(), func(ctx context.Context) (bool, error) {
-		r, err := x.e.Swaps.Running(ctx, x.host(socket))
+		p, err := hostPath(x.e.Root, socket, false)
+		if err != nil {
+			return true, nil
+		}
+		r, err := x.e.Swaps.Running(ctx, p)
 		running = r
 		return err != nil || len(r) == 0, nil
 	})

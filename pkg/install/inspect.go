@@ -170,7 +170,11 @@ func (in *Inspector) files(f *Facts, sd side, p Payload, rec *Record) error {
 
 // readDir lists a host directory; nil when it does not exist.
 func (in *Inspector) readDir(d string) ([]string, error) {
-	es, err := os.ReadDir(filepath.Join(in.Root, d))
+	p, err := hostPath(in.Root, d, false)
+	if err != nil {
+		return nil, err
+	}
+	es, err := os.ReadDir(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -188,7 +192,11 @@ func (in *Inspector) readFile(f *Facts, p string) error {
 	if _, done := f.Files[p]; done {
 		return nil
 	}
-	h, err := readHostFile(filepath.Join(in.Root, p))
+	hp, err := hostPath(in.Root, p, false)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", p, err)
+	}
+	h, err := readHostFile(hp)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", p, err)
 	}
