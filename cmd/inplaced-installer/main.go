@@ -60,6 +60,7 @@ type options struct {
 	readyTimeout        time.Duration
 	apiTimeout          time.Duration
 	swapTimeout         time.Duration
+	unitTimeout         time.Duration
 	readyFile           string
 }
 
@@ -93,6 +94,7 @@ func newRootFor(o *options) *cobra.Command {
 	f.DurationVar(&o.readyTimeout, "ready-timeout", 3*time.Minute, "how long the Node has to be Ready after kubelet restarts")
 	f.DurationVar(&o.apiTimeout, "api-timeout", 2*time.Minute, "how long each API write is retried")
 	f.DurationVar(&o.swapTimeout, "swap-timeout", 2*time.Minute, "uninstall: how long swaps in flight have to end before inplaced stops")
+	f.DurationVar(&o.unitTimeout, "unit-timeout", 5*time.Minute, "how long one start, stop or restart of a unit may take")
 	f.StringVar(&o.readyFile, "ready-file", "/run/inplaced-installer/ready", "written when the DaemonSet's run succeeded (the readiness probe reads it)")
 	root.AddCommand(
 		nodeCommand(o, "install", "Install or upgrade inplaced on this node", install.PlanInstall),

@@ -35,6 +35,8 @@ func nodeCommand(o *options, name, short string, plan func(install.Spec, install
 			defer func() { _ = log.Sync() }()
 			// A signal does not cut a run: a host left between two steps
 			// is what the undo exists for, not what a stop should cause.
+			_, stop := signals()
+			defer stop()
 			return runOnNode(context.Background(), o, log, name, plan)
 		},
 	}
@@ -79,7 +81,8 @@ func runOnNode(ctx context.Context, o *options, log *zap.Logger, action string, 
 	log.Info("plan", zap.String("action", action), zap.String("summary", p.Summary), zap.Stringer("steps", p))
 	ex := &install.Executor{Root: o.root, Systemd: sd, CRI: install.CRIClient{}, Node: node,
 		Kernel: install.HostKernel{Proc: o.proc}, Swaps: install.ControlClient{}, Log: log,
-		CRITimeout: o.criTimeout, ReadyTimeout: o.readyTimeout, APITimeout: o.apiTimeout, SwapTimeout: o.swapTimeout}
+		CRITimeout: o.criTimeout, ReadyTimeout: o.readyTimeout, APITimeout: o.apiTimeout, SwapTimeout: o.swapTimeout,
+		UnitTimeout: o.unitTimeout}
 	if err := ex.Run(ctx, p); err != nil {
 		return err
 	}
@@ -139,6 +142,10 @@ func daemonSetCommand(o *options) *cobra.Command {
 				return fmt.Errorf("%s=%q: want install or uninstall", modeEnv, mode)
 			}
 			_ = os.Remove(o.readyFile)
+			// SIGTERM is caught from the start, so that it ends the wait
+			// below, never the run: the pod's grace period lets a run finish.
+			ctx, stop := signals()
+			defer stop()
 			if err := runOnNode(context.Background(), o, log, mode, plan); err != nil {
 				o.failedEvent(log, mode, err)
 				return err
@@ -146,8 +153,6 @@ func daemonSetCommand(o *options) *cobra.Command {
 			if err := writeReady(o.readyFile, mode); err != nil {
 				return err
 			}
-			ctx, stop := signals()
-			defer stop()
 			<-ctx.Done()
 			log.Info("stopping: inplaced stays as it is on the host", zap.String("mode", mode))
 			return nil

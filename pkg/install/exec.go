@@ -73,8 +73,10 @@ type Executor struct {
 	// CRITimeout bounds the wait for inplaced to answer, ReadyTimeout the
 	// wait for the Node to be Ready after kubelet's restart, APITimeout
 	// each write to the API (retried meanwhile), SwapTimeout the wait for
-	// running swaps before inplaced stops for good, UndoTimeout the undo.
-	CRITimeout, ReadyTimeout, APITimeout, SwapTimeout, UndoTimeout time.Duration
+	// running swaps before inplaced stops for good, UnitTimeout each
+	// systemd job (k3s's units start with no timeout of their own), UndoTimeout
+	// the undo.
+	CRITimeout, ReadyTimeout, APITimeout, SwapTimeout, UnitTimeout, UndoTimeout time.Duration
 	// Poll is the pause between tries of a wait.
 	Poll time.Duration
 }
@@ -222,17 +224,28 @@ func (x *run) do(ctx context.Context, s Step) error {
 		return sd.Enable(ctx, s.Units)
 	case OpDisable:
 		return sd.Disable(ctx, s.Units)
-	case OpStart:
-		return sd.Start(ctx, s.Units[0])
-	case OpStop:
-		return sd.Stop(ctx, s.Units[0])
-	case OpRestart:
-		x.restarted[s.Units[0]] = x.e.now()
-		return sd.Restart(ctx, s.Units[0])
+	case OpStart, OpStop, OpRestart:
+		return x.job(ctx, s)
 	case OpResetFailed:
 		return x.resetFailed(ctx, s.Units)
 	}
 	return x.doCheck(ctx, s)
+}
+
+// job starts, stops or restarts a unit, waiting at most UnitTimeout for
+// systemd's job to finish.
+func (x *run) job(ctx context.Context, s Step) error {
+	ctx, cancel := context.WithTimeout(ctx, x.e.unitTimeout())
+	defer cancel()
+	u := s.Units[0]
+	switch s.Op {
+	case OpStart:
+		return x.e.Systemd.Start(ctx, u)
+	case OpStop:
+		return x.e.Systemd.Stop(ctx, u)
+	}
+	x.restarted[u] = x.e.now()
+	return x.e.Systemd.Restart(ctx, u)
 }
 
 func (x *run) doCheck(ctx context.Context, s Step) error {
@@ -534,6 +547,13 @@ func (e *Executor) poll() time.Duration {
 		return time.Second
 	}
 	return e.Poll
+}
+
+func (e *Executor) unitTimeout() time.Duration {
+	if e.UnitTimeout <= 0 {
+		return 5 * time.Minute
+	}
+	return e.UnitTimeout
 }
 
 func (e *Executor) undoTimeout() time.Duration {

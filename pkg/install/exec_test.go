@@ -25,11 +25,12 @@ type fakeSystemd struct {
 	units map[string]UnitState
 	calls []string
 	fail  map[string]error // by call, e.g. "restart kubelet.service"
+	hang  map[string]int   // by call: how many of them never finish by themselves
 	pid   uint32
 }
 
 func newFakeSystemd(root string) *fakeSystemd {
-	return &fakeSystemd{root: root, units: map[string]UnitState{KubeletUnit: running(100)}, fail: map[string]error{}, pid: 1000}
+	return &fakeSystemd{root: root, units: map[string]UnitState{KubeletUnit: running(100)}, fail: map[string]error{}, hang: map[string]int{}, pid: 1000}
 }
 
 func (s *fakeSystemd) call(c string) error {
@@ -83,9 +84,17 @@ func (s *fakeSystemd) Start(_ context.Context, unit string) error {
 	return nil
 }
 
-func (s *fakeSystemd) Restart(_ context.Context, unit string) error {
+func (s *fakeSystemd) Restart(ctx context.Context, unit string) error {
 	if err := s.call("restart " + unit); err != nil {
 		return err
+	}
+	s.mu.Lock()
+	hang := s.hang["restart "+unit] > 0
+	s.hang["restart "+unit]--
+	s.mu.Unlock()
+	if hang {
+		<-ctx.Done() // a job systemd never finishes (a unit with no start timeout)
+		return ctx.Err()
 	}
 	s.set(unit, func(st *UnitState) { s.pid++; st.Active, st.MainPID, st.Started = "active", s.pid, uint64(s.pid) })
 	return nil
@@ -470,6 +479,35 @@ func TestExecutorUndoesFailedUpgrade(t *testing.T) {
 	}
 	if l := h.leftovers(); len(l) > 0 {
 		t.Errorf("left behind: %q", l)
+	}
+}
+
+// TestExecutorBoundsUnitJobs: a restart whose job never ends is given up
+// after UnitTimeout, and the install undone.
+func TestExecutorBoundsUnitJobs(t *testing.T) {
+	h := newHost(t)
+	h.sd.hang["restart kubelet.service"] = 1
+	ex := h.executor()
+	ex.UnitTimeout = 50 * time.Millisecond
+	payload, err := LoadPayload(h.payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &Inspector{Root: h.root, Proc: filepath.Join(h.root, "proc"), Systemd: h.sd, Node: h.node}
+	f, err := in.Facts(context.Background(), Kubeadm, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := PlanInstall(Spec{Layout: Kubeadm, Version: "v1", NodeName: "node-1", Payload: payload, Now: time.Now()}, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = ex.Run(context.Background(), p)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "undone") {
+		t.Fatalf("error %v", err)
+	}
+	if got := h.read(kubeletCfg); got != kubeadmConfig {
+		t.Errorf("kubelet's config after the undo:\n%s", got)
 	}
 }
 
