@@ -307,6 +307,9 @@ func TestChartDaemonSet(t *testing.T) {
 	if o.root != "/host" || o.payload != "/opt/inplaced" || o.readyFile != "/run/inplaced-installer/ready" || mounts["run"] != "/run/inplaced-installer" {
 		t.Errorf("options %+v, mounts %v", *o, mounts)
 	}
+	if cmd := strs(c["command"]); filepath.Dir(cmd[0]) != o.binDir {
+		t.Errorf("the chart runs %s, the binaries are looked for in %s", cmd[0], o.binDir)
+	}
 	probe := strs(get(c, "readinessProbe", "exec", "command"))
 	if probe[0] != strs(c["command"])[0] {
 		t.Errorf("probe %q runs another binary than %q", probe, c["command"])

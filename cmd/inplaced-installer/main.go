@@ -14,8 +14,10 @@
 //	uninstall-fleet  the chart's pre-delete hook: switch the DaemonSet to
 //	                 uninstall on every node and wait until each has
 //
-// The image carries the payload at --payload (/opt/inplaced): bin/inplaced,
-// bin/inplacectl, this binary, systemd/ and deploy/ as in the repository.
+// The image carries the binaries (inplaced, inplacectl and this one) in
+// --bin-dir (/usr/local/bin) and the host files at their repository paths
+// (systemd/, deploy/inplaced, deploy/kubelet, deploy/k3s) under --payload
+// (/opt/inplaced).
 package main
 
 import (
@@ -46,6 +48,7 @@ func main() {
 // options are every command's flags.
 type options struct {
 	root, proc, payload string
+	binDir              string
 	layout              string
 	nodeName            string
 	kubernetesMode      bool
@@ -79,7 +82,8 @@ func newRootFor(o *options) *cobra.Command {
 	f := root.PersistentFlags()
 	f.StringVar(&o.root, "host-root", "/host", "where the host's root is mounted")
 	f.StringVar(&o.proc, "proc", "/proc", "the host's /proc (the pod's own with hostPID: true)")
-	f.StringVar(&o.payload, "payload", "/opt/inplaced", "the image's payload: bin/, systemd/, deploy/ as in the repository")
+	f.StringVar(&o.payload, "payload", "/opt/inplaced", "the host files the image carries: systemd/, deploy/ as in the repository")
+	f.StringVar(&o.binDir, "bin-dir", "/usr/local/bin", "the binaries the image carries: inplaced, inplacectl")
 	f.StringVar(&o.layout, "layout", string(install.Kubeadm), "how kubelet is configured: kubeadm (kubelet.service, its KubeletConfiguration) or k3s (k3s's config.yaml.d)")
 	f.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name in the API (default $NODE_NAME, the DaemonSet's spec.nodeName)")
 	f.BoolVar(&o.kubernetesMode, "kubernetes-mode", true, "give inplaced kubelet's kubeconfig: kubectl set image goes in place")

@@ -45,7 +45,7 @@ func nodeCommand(o *options, name, short string, plan func(install.Spec, install
 // runOnNode inspects the host, plans and runs the plan, under the host's
 // installer lock.
 func runOnNode(ctx context.Context, o *options, log *zap.Logger, action string, plan func(install.Spec, install.Facts) (*install.Plan, error)) error {
-	payload, err := install.LoadPayload(o.payload)
+	payload, err := install.LoadPayload(o.payload, o.binDir)
 	if err != nil {
 		return err
 	}

@@ -21,8 +21,9 @@
 //
 // # What goes where
 //
-// The payload is the image's copy of the repository's files at their
-// repository paths (bin/ holds the binaries): HostFiles maps it onto the host
+// The payload is what the image carries: the binaries, and the
+// repository's host files at their repository paths. HostFiles maps it onto
+// the host
 // — the binaries, every unit under systemd/ (inplaced.service, and
 // inplaced.socket where the release has one) — and the plan writes
 // /etc/inplaced/config.yaml from deploy/inplaced/config.yaml, kubelet's unit

@@ -292,7 +292,7 @@ func (h *host) executor() *Executor {
 // run inspects the host, plans for action and runs the plan.
 func (h *host) run(action, version string) (*Plan, error) {
 	h.t.Helper()
-	payload, err := LoadPayload(h.payload)
+	payload, err := LoadPayload(h.payload, filepath.Join(h.payload, "bin"))
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -489,7 +489,7 @@ func TestExecutorBoundsUnitJobs(t *testing.T) {
 	h.sd.hang["restart kubelet.service"] = 1
 	ex := h.executor()
 	ex.UnitTimeout = 50 * time.Millisecond
-	payload, err := LoadPayload(h.payload)
+	payload, err := LoadPayload(h.payload, filepath.Join(h.payload, "bin"))
 	if err != nil {
 		t.Fatal(err)
 	}

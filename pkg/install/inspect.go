@@ -246,9 +246,11 @@ func (in *Inspector) log() *zap.Logger {
 	return in.Log
 }
 
-// LoadPayload reads the image's payload under dir: every file HostFiles
-// and PayloadTemplates name (the binaries by digest, the rest whole).
-func LoadPayload(dir string) (Payload, error) {
+// LoadPayload reads the image's payload: the host files under filesDir at
+// their repository paths, the binaries (payload paths bin/...) in binDir.
+// Every file HostFiles and PayloadTemplates name is read, the binaries by
+// digest, the rest whole.
+func LoadPayload(filesDir, binDir string) (Payload, error) {
 	p := Payload{}
 	var pats []string
 	for _, r := range HostFiles {
@@ -256,7 +258,11 @@ func LoadPayload(dir string) (Payload, error) {
 	}
 	pats = append(pats, PayloadTemplates...)
 	for _, pat := range pats {
-		matches, err := filepath.Glob(filepath.Join(dir, filepath.FromSlash(pat)))
+		dir, rel := filesDir, pat
+		if strings.HasPrefix(pat, binPrefix) {
+			dir, rel = binDir, strings.TrimPrefix(pat, binPrefix)
+		}
+		matches, err := filepath.Glob(filepath.Join(dir, filepath.FromSlash(rel)))
 		if err != nil {
 			return nil, err
 		}
@@ -265,9 +271,17 @@ func LoadPayload(dir string) (Payload, error) {
 			if err != nil {
 				return nil, fmt.Errorf("payload %s: %w", m, err)
 			}
-			rel, _ := filepath.Rel(dir, m)
-			p[filepath.ToSlash(rel)] = PayloadFile{Source: m, Digest: h.Digest, Mode: h.Mode, Data: h.Data}
+			r, _ := filepath.Rel(dir, m)
+			key := filepath.ToSlash(r)
+			if dir == binDir {
+				key = binPrefix + key
+			}
+			p[key] = PayloadFile{Source: m, Digest: h.Digest, Mode: h.Mode, Data: h.Data}
 		}
 	}
 	return p, nil
 }
+
+// binPrefix starts the payload paths of the binaries, which the image
+// keeps apart from the host files.
+const binPrefix = "bin/"
