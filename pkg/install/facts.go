@@ -137,7 +137,6 @@ func (u UnitState) Identity() string {
 	return fmt.Sprintf("%d@%d", u.MainPID, u.Started)
 }
 
-func (u UnitState) loaded() bool { return u.Load == "loaded" }
 func (u UnitState) running() bool {
 	return u.Active == "active" || u.Active == "activating" || u.Active == "reloading"
 }
