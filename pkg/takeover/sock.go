@@ -19,6 +19,7 @@ type sockInfo struct {
 	v6only                bool // AF_INET6 only
 	nonblock              bool // O_NONBLOCK of the open file description
 	addr                  netip.AddrPort
+	ino                   uint64 // the socket's inode: its identity
 }
 
 // tcp reports whether the socket is TCP or MPTCP (Go 1.24 and later listen
@@ -37,6 +38,11 @@ func inspect(fd int) (sockInfo, error) {
 	if s.domain, err = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil {
 		return s, fmt.Errorf("socket domain: %w", err)
 	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return s, fmt.Errorf("socket inode: %w", err)
+	}
+	s.ino = st.Ino
 	if !s.inet() {
 		return s, nil
 	}

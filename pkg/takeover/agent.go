@@ -1,0 +1,231 @@
+package takeover
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// DefaultDeadline is how long a bind that cannot be handed over waits for
+// the old container's socket to go when Old has no Deadline.
+const DefaultDeadline = 30 * time.Second
+
+// Config configures an Agent.
+type Config struct {
+	// Socket is the unix socket runc connects to: the profile's
+	// listenerPath. It is made mode 0600 and only root peers are served;
+	// its directory should be root's alone.
+	Socket string
+	// Logger; nil logs nothing.
+	Logger *zap.Logger
+	// OnEvent, when set, is called for every event, from the goroutine
+	// serving the container: it must return quickly.
+	OnEvent func(Event)
+}
+
+// Old is a container being replaced: the binds of the new container whose
+// profile names Swap may take over its listening sockets.
+type Old struct {
+	// Swap is the new container's profile's swap name (listenerMetadata).
+	Swap string
+	// Pid is the old container's init, a host pid: its processes (found
+	// through its cgroup) hold the sockets, its network namespace is the
+	// pod's.
+	Pid int
+	// Deadline ends the wait of a bind that cannot be handed over
+	// (DefaultDeadline from Register when zero).
+	Deadline time.Time
+}
+
+// registration is a Register'd Old and what the agent read of it then.
+type registration struct {
+	Old
+	netns     nsID
+	portStart int // the netns's ip_unprivileged_port_start
+	done      chan struct{}
+}
+
+// Agent serves the notify fds of the new containers' bind traps.
+type Agent struct {
+	cfg   Config
+	log   *zap.Logger
+	sizes notifSizes
+	ln    *net.UnixListener
+	sock  os.FileInfo // the socket file as created, to remove only ours
+
+	mu        sync.Mutex
+	swaps     map[string]*registration
+	notifiers map[string]*notifier
+	seq       int
+	closed    bool
+	closing   chan struct{}
+	tasks     sync.WaitGroup // connections and notifier loops
+	waits     sync.WaitGroup // binds waiting for an old socket to go
+}
+
+// Listen checks that the kernel has seccomp user notification with
+// structs the agent knows, and listens on cfg.Socket (a stale socket file
+// is replaced; a socket another agent serves is not).
+func Listen(cfg Config) (*Agent, error) {
+	if cfg.Socket == "" {
+		return nil, errors.New("takeover agent: no socket path")
+	}
+	sizes, err := kernelSizes()
+	if err != nil {
+		return nil, fmt.Errorf("takeover agent: %w", err)
+	}
+	a := &Agent{cfg: cfg, log: cfg.Logger, sizes: sizes, swaps: map[string]*registration{},
+		notifiers: map[string]*notifier{}, closing: make(chan struct{})}
+	if a.log == nil {
+		a.log = zap.NewNop()
+	}
+	if a.ln, a.sock, err = listenUnix(cfg.Socket); err != nil {
+		return nil, fmt.Errorf("takeover agent: %w", err)
+	}
+	return a, nil
+}
+
+// listenUnix listens on path, mode 0600.
+func listenUnix(path string) (*net.UnixListener, os.FileInfo, error) {
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return nil, nil, fmt.Errorf("%s: another agent listens there", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, nil, fmt.Errorf("remove stale socket: %w", err)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, nil, fmt.Errorf("listen: %w", err)
+	}
+	ln.SetUnlinkOnClose(false) // Close removes it only while it is ours
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, nil, fmt.Errorf("socket mode: %w", err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		ln.Close()
+		return nil, nil, fmt.Errorf("socket: %w", err)
+	}
+	return ln, fi, nil
+}
+
+// Serve accepts runc's connections until Close; it returns nil then.
+func (a *Agent) Serve() error {
+	for {
+		c, err := a.ln.AcceptUnix()
+		if err != nil {
+			select {
+			case <-a.closing:
+				return nil
+			default:
+			}
+			return fmt.Errorf("takeover agent: accept: %w", err)
+		}
+		if !a.spawn(&a.tasks, func() { a.attachConn(c) }) {
+			c.Close()
+		}
+	}
+}
+
+// spawn runs fn in a goroutine counted by wg, unless the agent is closing.
+func (a *Agent) spawn(wg *sync.WaitGroup, fn func()) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return false
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		fn()
+	}()
+	return true
+}
+
+// Close stops the agent: waiting binds continue in the kernel, then the
+// notify fds and the socket close. A container's filter keeps working
+// only through copies taken with File or Files before; without one,
+// every later bind() in it fails with ENOSYS.
+func (a *Agent) Close() error {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return nil
+	}
+	a.closed = true
+	close(a.closing)
+	a.mu.Unlock()
+
+	err := a.ln.Close()
+	a.waits.Wait()
+	a.mu.Lock()
+	for _, n := range a.notifiers {
+		n.f.Close()
+	}
+	a.mu.Unlock()
+	a.tasks.Wait()
+	if fi, serr := os.Stat(a.cfg.Socket); serr == nil && os.SameFile(fi, a.sock) {
+		if rerr := os.Remove(a.cfg.Socket); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("takeover agent: close: %w", err)
+	}
+	return nil
+}
+
+// Register lets the new container of old.Swap take over the listening
+// sockets of the container whose init is old.Pid.
+func (a *Agent) Register(old Old) error {
+	if old.Swap == "" || old.Pid <= 0 {
+		return fmt.Errorf("takeover: register swap %q pid %d: both are needed", old.Swap, old.Pid)
+	}
+	if old.Deadline.IsZero() {
+		old.Deadline = time.Now().Add(DefaultDeadline)
+	}
+	ns, err := netNS(old.Pid)
+	if err != nil {
+		return fmt.Errorf("takeover: register swap %s: %w", old.Swap, err)
+	}
+	start, err := unprivilegedPortStart(old.Pid)
+	if err != nil {
+		return fmt.Errorf("takeover: register swap %s: %w", old.Swap, err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.swaps[old.Swap]; ok {
+		return fmt.Errorf("takeover: swap %s is registered already", old.Swap)
+	}
+	a.swaps[old.Swap] = &registration{Old: old, netns: ns, portStart: start, done: make(chan struct{})}
+	return nil
+}
+
+// Unregister ends swap: its waiting binds continue, later binds pass.
+func (a *Agent) Unregister(swap string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if r, ok := a.swaps[swap]; ok {
+		close(r.done)
+		delete(a.swaps, swap)
+	}
+}
+
+func (a *Agent) registration(swap string) *registration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.swaps[swap]
+}
+
+func (a *Agent) emit(e Event) {
+	if a.cfg.OnEvent != nil {
+		a.cfg.OnEvent(e)
+	}
+}
