@@ -167,7 +167,7 @@ func (a *Agent) Close() error {
 	a.waits.Wait()
 	a.mu.Lock()
 	for _, n := range a.notifiers {
-		n.f.Close()
+		n.close()
 	}
 	a.mu.Unlock()
 	a.tasks.Wait()

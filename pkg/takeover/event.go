@@ -33,8 +33,11 @@ type Event struct {
 	Name      string
 	Container string
 	Swap      string
-	// Pid is the thread group that called bind, Fd its socket; Addr the
-	// address it asked for.
+	// Tid is the thread that called bind, Fd its socket, Addr the address
+	// it asked for. Pid is its thread group where the agent read it (a
+	// port of the old container's), else 0; for Attached, the process
+	// runc started.
+	Tid  int
 	Pid  int
 	Fd   int
 	Addr netip.AddrPort

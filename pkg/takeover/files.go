@@ -108,7 +108,7 @@ func (a *Agent) forget(n *notifier) {
 	a.mu.Lock()
 	delete(a.notifiers, n.name)
 	a.mu.Unlock()
-	n.f.Close()
+	n.close()
 }
 
 // File returns a copy of the notify fd called name, for an fd store: the

@@ -1,12 +1,12 @@
 package takeover
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -39,6 +39,13 @@ type notifier struct {
 	f                     *os.File
 	rc                    syscall.RawConn
 	buf                   []byte // the kernel's struct seccomp_notif
+	closed                atomic.Bool
+}
+
+// close closes the notify fd; the loop then ends.
+func (n *notifier) close() {
+	n.closed.Store(true)
+	n.f.Close()
 }
 
 // errHangup: no process is left under the filter.
@@ -53,13 +60,17 @@ func (n *notifier) serve() {
 			n.a.log.Info("takeover: notify fd detached", zap.String("container_id", n.container), zap.String("name", n.name))
 			n.a.emit(Event{Kind: Detached, At: time.Now(), Name: n.name, Container: n.container, Swap: n.swap})
 			return
-		case errors.Is(err, os.ErrClosed):
+		case n.closed.Load():
 			return
 		case err != nil:
 			// Unexpected: keep the fd (closing it would fail every later
 			// bind of the container) and try again.
 			n.a.log.Error("takeover: notification", zap.String("container_id", n.container), zap.Error(err))
-			time.Sleep(100 * time.Millisecond)
+			select {
+			case <-n.a.closing:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
 			continue
 		}
 		n.handle(nt)
@@ -150,7 +161,7 @@ func (n *notifier) handle(nt notification) {
 	if p.drop {
 		return
 	}
-	e := Event{At: start, Name: n.name, Container: n.container, Swap: n.swap, Pid: cmp.Or(p.tgid, nt.pid), Fd: int(int32(nt.args[0])),
+	e := Event{At: start, Name: n.name, Container: n.container, Swap: n.swap, Tid: nt.pid, Pid: p.tgid, Fd: int(int32(nt.args[0])),
 		Addr: p.addr, Reason: p.v.reason, Err: p.err}
 	switch p.v.action {
 	case pass:
@@ -165,14 +176,14 @@ func (n *notifier) handle(nt notification) {
 			return
 		} else if err != nil {
 			e.Kind, e.Reason, e.Err = Refused, ReasonFailed, err
-			n.startWait(nt, p.reg, p.addr.Port(), start)
+			n.startWait(nt, p.reg, e)
 			break
 		}
 		e.Kind = HandedOver
 		e.FromPid, e.FromFd = p.olds[p.v.from].pid, p.olds[p.v.from].fd
 	case wait:
 		e.Kind = Refused
-		n.startWait(nt, p.reg, p.addr.Port(), start)
+		n.startWait(nt, p.reg, e)
 	}
 	e.Took = time.Since(start)
 	n.log(e)
@@ -195,14 +206,15 @@ func (n *notifier) handOver(nt notification, p plan) error {
 	return n.answer(nt.id, answerSuccess)
 }
 
-// startWait leaves a bind waiting for the old socket to go.
-func (n *notifier) startWait(nt notification, reg *registration, port uint16, start time.Time) {
-	if !n.a.spawn(&n.a.waits, func() { n.wait(nt, reg, port, start) }) {
-		n.release(nt, ReasonClosing, start)
+// startWait leaves a bind waiting for the old socket to go; e is the
+// refusal, the template of the release.
+func (n *notifier) startWait(nt notification, reg *registration, e Event) {
+	if !n.a.spawn(&n.a.waits, func() { n.wait(nt, reg, e) }) {
+		n.release(nt, e, ReasonClosing)
 	}
 }
 
-func (n *notifier) wait(nt notification, reg *registration, port uint16, start time.Time) {
+func (n *notifier) wait(nt notification, reg *registration, e Event) {
 	tick := time.NewTicker(waitPoll)
 	defer tick.Stop()
 	deadline := time.NewTimer(time.Until(reg.Deadline))
@@ -210,21 +222,21 @@ func (n *notifier) wait(nt notification, reg *registration, port uint16, start t
 	for {
 		select {
 		case <-n.a.closing:
-			n.release(nt, ReasonClosing, start)
+			n.release(nt, e, ReasonClosing)
 			return
 		case <-reg.done:
-			n.release(nt, ReasonUnregistered, start)
+			n.release(nt, e, ReasonUnregistered)
 			return
 		case <-deadline.C:
-			n.release(nt, ReasonDeadline, start)
+			n.release(nt, e, ReasonDeadline)
 			return
 		case <-tick.C:
 		}
 		if n.idValid(nt.id) != nil {
 			return // abandoned: the thread was killed, or a signal restarts the call as a new notification
 		}
-		if !listensOn(reg.Pid, port) {
-			n.release(nt, ReasonReleased, start)
+		if !listensOn(reg.Pid, e.Addr.Port()) {
+			n.release(nt, e, ReasonReleased)
 			return
 		}
 	}
@@ -243,19 +255,19 @@ func listensOn(pid int, port uint16) bool {
 }
 
 // release lets a waiting bind continue in the kernel.
-func (n *notifier) release(nt notification, why Reason, start time.Time) {
+func (n *notifier) release(nt notification, e Event, why Reason) {
 	if err := n.answer(nt.id, answerContinue); isGone(err) {
 		return
 	}
-	e := Event{Kind: Released, At: time.Now(), Name: n.name, Container: n.container, Swap: n.swap,
-		Pid: nt.pid, Fd: int(int32(nt.args[0])), Reason: why, Took: time.Since(start)}
+	e.Kind, e.Reason, e.Err, e.Took = Released, why, nil, time.Since(e.At)
+	e.At = time.Now()
 	n.log(e)
 	n.a.emit(e)
 }
 
 func (n *notifier) log(e Event) {
 	fields := []zap.Field{zap.String("container_id", e.Container), zap.String("swap_id", e.Swap),
-		zap.Int("pid", e.Pid), zap.Stringer("addr", e.Addr), zap.Duration("took", e.Took)}
+		zap.Int("tid", e.Tid), zap.Int("pid", e.Pid), zap.Stringer("addr", e.Addr), zap.Duration("took", e.Took)}
 	switch e.Kind {
 	case Passed:
 		n.a.log.Debug("takeover: bind passed", append(fields, zap.String("reason", string(e.Reason)))...)
