@@ -352,7 +352,9 @@ func (r result) errno() syscall.Errno { return syscall.Errno(r.Errno) }
 func (r *rig) waitServing(port int, want string, timeout time.Duration) {
 	r.t.Helper()
 	url := fmt.Sprintf("http://%s:%d/version", r.podIP, port)
-	cl := &http.Client{Timeout: time.Second}
+	// A new connection each time: the processes sharing a socket take
+	// turns at accepting, a kept-alive connection would stay with one.
+	cl := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	deadline := time.Now().Add(timeout)
 	var last string
 	for time.Now().Before(deadline) {
@@ -386,13 +388,15 @@ func socketInodes(pid int) map[uint64]bool {
 	return out
 }
 
-// childOf returns the first child of pid (the probe's app).
+// childOf returns the first child of pid (the probe's app), which any
+// of its threads may have started.
 func childOf(t *testing.T, pid int) int {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
-		if err == nil {
+		files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+		for _, file := range files {
+			b, _ := os.ReadFile(file)
 			if f := strings.Fields(string(b)); len(f) > 0 {
 				n, _ := strconv.Atoi(f[0])
 				return n

@@ -3,6 +3,7 @@ package takeover
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -111,39 +112,53 @@ func TestRuncHandover(t *testing.T) {
 	}
 
 	time.Sleep(300 * time.Millisecond)
+	sigterm := time.Now()
 	old.kill("TERM")
 	old.waitExit(10 * time.Second)
 	exited := time.Now()
 	time.Sleep(300 * time.Millisecond)
 	ds := d.End()
 	ended = true
-	checkDials(t, ds, startNew, exited)
+	checkDials(t, ds, window{startNew, sigterm, exited})
 	r.waitServing(8080, "v2", time.Second)
 }
 
-// checkDials wants no failed connection, both versions during the overlap
-// and only v2 once the old process exited.
-func checkDials(t *testing.T, ds []harness.Dial, overlap, exited time.Time) {
+// window is a swap's times: the new container started, the old one got
+// SIGTERM, it exited.
+type window struct{ start, sigterm, exited time.Time }
+
+// checkDials wants no connection refused or timed out, both versions
+// during the overlap and only v2 once the old process exited. A connection
+// may fail only between the SIGTERM and the exit, with no answer: Go's
+// http.Server drops a connection whose first request it reads after its
+// Shutdown began, the app's own race, which stopping first has too.
+func checkDials(t *testing.T, ds []harness.Dial, w window) {
 	t.Helper()
 	tally := harness.TallyDials(t, ds)
 	var slowIn, slowOut time.Duration
+	dropped := 0
 	for _, d := range ds {
-		if d.Err != nil {
+		switch {
+		case d.Err != nil && d.At.After(w.sigterm.Add(-50*time.Millisecond)) && d.At.Before(w.exited) &&
+			!errors.Is(d.Err, syscall.ECONNREFUSED) && !errors.Is(d.Err, os.ErrDeadlineExceeded):
+			dropped++
 			continue
-		}
-		if d.At.After(overlap) && d.At.Before(exited) {
+		case d.Err != nil:
+			t.Errorf("dial at %s: %v", d.At.Format("15:04:05.000"), d.Err)
+			continue
+		case d.At.After(w.start) && d.At.Before(w.exited):
 			slowIn = max(slowIn, d.Connect)
-		} else {
+		default:
 			slowOut = max(slowOut, d.Connect)
 		}
-		if d.At.After(exited.Add(10*time.Millisecond)) && !strings.HasPrefix(d.Reply, "v2 ") {
+		if d.At.After(w.exited.Add(10*time.Millisecond)) && !strings.HasPrefix(d.Reply, "v2 ") {
 			t.Errorf("dial at %s after the old process exited answered %q", d.At.Format("15:04:05.000"), d.Reply)
 		}
 	}
-	t.Logf("%d connections: %d ok (%v), %d refused, %d reset, %d timeouts, %d other; slowest connect %s in the overlap, %s outside",
-		len(ds), tally.OK, tally.ByVersion, tally.Refused, tally.Reset, tally.Timeout, tally.Other, slowIn, slowOut)
-	if tally.Failed() != 0 {
-		t.Errorf("%d connections failed", tally.Failed())
+	t.Logf("%d connections: %d ok (%v), %d refused, %d reset, %d timeouts, %d other (%d dropped by the old app's shutdown); slowest connect %s from the new container's start to the old one's exit, %s outside",
+		len(ds), tally.OK, tally.ByVersion, tally.Refused, tally.Reset, tally.Timeout, tally.Other, dropped, slowIn, slowOut)
+	if tally.Refused+tally.Timeout != 0 {
+		t.Errorf("%d refused, %d timed out", tally.Refused, tally.Timeout)
 	}
 	if tally.ByVersion["v1"] == 0 || tally.ByVersion["v2"] == 0 {
 		t.Errorf("answers by version %v: want both", tally.ByVersion)

@@ -173,6 +173,13 @@ func bindOnce(c command) (int, time.Duration, error) {
 	if err != nil {
 		return -1, 0, fmt.Errorf("socket: %w", err)
 	}
+	if domain != unix.AF_UNIX {
+		// As Go and most servers do: connections in TIME_WAIT on the port
+		// would refuse the bind otherwise.
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+			return fd, 0, fmt.Errorf("SO_REUSEADDR: %w", err)
+		}
+	}
 	start := time.Now()
 	err = unix.Bind(fd, sa)
 	d := time.Since(start)
