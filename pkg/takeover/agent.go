@@ -11,10 +11,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// DefaultDeadline is how long a bind that cannot be handed over waits for
-// the old container's socket to go when Old has no Deadline.
-const DefaultDeadline = 30 * time.Second
-
 // Config configures an Agent.
 type Config struct {
 	// Socket is the unix socket runc connects to: the profile's
@@ -26,28 +22,6 @@ type Config struct {
 	// OnEvent, when set, is called for every event, from the goroutine
 	// serving the container: it must return quickly.
 	OnEvent func(Event)
-}
-
-// Old is a container being replaced: the binds of the new container whose
-// profile names Swap may take over its listening sockets.
-type Old struct {
-	// Swap is the new container's profile's swap name (listenerMetadata).
-	Swap string
-	// Pid is the old container's init, a host pid: its processes (found
-	// through its cgroup) hold the sockets, its network namespace is the
-	// pod's.
-	Pid int
-	// Deadline ends the wait of a bind that cannot be handed over
-	// (DefaultDeadline from Register when zero).
-	Deadline time.Time
-}
-
-// registration is a Register'd Old and what the agent read of it then.
-type registration struct {
-	Old
-	netns     nsID
-	portStart int // the netns's ip_unprivileged_port_start
-	done      chan struct{}
 }
 
 // Agent serves the notify fds of the new containers' bind traps.
@@ -169,6 +143,10 @@ func (a *Agent) Close() error {
 	for _, n := range a.notifiers {
 		n.close()
 	}
+	for swap, r := range a.swaps {
+		r.close()
+		delete(a.swaps, swap)
+	}
 	a.mu.Unlock()
 	a.tasks.Wait()
 	if fi, serr := os.Stat(a.cfg.Socket); serr == nil && os.SameFile(fi, a.sock) {
@@ -185,36 +163,29 @@ func (a *Agent) Close() error {
 // Register lets the new container of old.Swap take over the listening
 // sockets of the container whose init is old.Pid.
 func (a *Agent) Register(old Old) error {
-	if old.Swap == "" || old.Pid <= 0 {
-		return fmt.Errorf("takeover: register swap %q pid %d: both are needed", old.Swap, old.Pid)
-	}
-	if old.Deadline.IsZero() {
-		old.Deadline = time.Now().Add(DefaultDeadline)
-	}
-	ns, err := netNS(old.Pid)
-	if err != nil {
-		return fmt.Errorf("takeover: register swap %s: %w", old.Swap, err)
-	}
-	start, err := unprivilegedPortStart(old.Pid)
+	r, err := newRegistration(old)
 	if err != nil {
 		return fmt.Errorf("takeover: register swap %s: %w", old.Swap, err)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if _, ok := a.swaps[old.Swap]; ok {
-		return fmt.Errorf("takeover: swap %s is registered already", old.Swap)
+	_, dup := a.swaps[old.Swap]
+	if dup || a.closed {
+		r.close()
+		return fmt.Errorf("takeover: register swap %s: registered already, or the agent is closed", old.Swap)
 	}
-	a.swaps[old.Swap] = &registration{Old: old, netns: ns, portStart: start, done: make(chan struct{})}
+	a.swaps[old.Swap] = r
 	return nil
 }
 
 // Unregister ends swap: its waiting binds continue, later binds pass.
 func (a *Agent) Unregister(swap string) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	if r, ok := a.swaps[swap]; ok {
-		close(r.done)
-		delete(a.swaps, swap)
+	r, ok := a.swaps[swap]
+	delete(a.swaps, swap)
+	a.mu.Unlock()
+	if ok {
+		r.close()
 	}
 }
 

@@ -18,7 +18,6 @@ const (
 	ReasonBound      Reason = "the socket is bound already"
 	ReasonOtherNetNS Reason = "another network namespace than the old container's"
 	ReasonNotHeld    Reason = "no listening socket of the old container on the port"
-	ReasonOldGone    Reason = "the old container is gone"
 	ReasonUnreadable Reason = "the call could not be read"
 )
 

@@ -12,8 +12,6 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
-
-	"github.com/inplaced/inplaced/pkg/hold"
 )
 
 // waitPoll is how often a waiting bind looks whether the old socket is
@@ -235,23 +233,11 @@ func (n *notifier) wait(nt notification, reg *registration, e Event) {
 		if n.idValid(nt.id) != nil {
 			return // abandoned: the thread was killed, or a signal restarts the call as a new notification
 		}
-		if !listensOn(reg.Pid, e.Addr.Port()) {
+		if !reg.listensOn(e.Addr.Port()) {
 			n.release(nt, e, ReasonReleased)
 			return
 		}
 	}
-}
-
-// listensOn reports whether the container of init pid has a listening
-// socket on port.
-func listensOn(pid int, port uint16) bool {
-	pids, err := hold.ContainerPids(pid)
-	if err != nil {
-		return false
-	}
-	ls, err := scanListeners(pids, port)
-	defer ls.close()
-	return err != nil || len(ls) > 0
 }
 
 // release lets a waiting bind continue in the kernel.

@@ -4,8 +4,6 @@ import (
 	"fmt"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/inplaced/inplaced/pkg/hold"
 )
 
 // plan reads what the handover rules need about a notification, cheapest
@@ -27,12 +25,12 @@ func (n *notifier) plan(nt notification) plan {
 		return passing(ReasonNotIP, nil)
 	}
 	p := plan{reg: reg, addr: addr}
-	pids, err := hold.ContainerPids(reg.Pid)
-	if err != nil {
-		p.v = verdict{action: pass, reason: ReasonOldGone}
+	listened, err := reg.portListened(addr.Port())
+	if err != nil || !listened {
+		p.v, p.err = verdict{action: pass, reason: ReasonNotHeld}, err
 		return p
 	}
-	if p.olds, err = scanListeners(pids, addr.Port()); err != nil || len(p.olds) == 0 {
+	if p.olds, err = reg.listeners(addr.Port()); err != nil || len(p.olds) == 0 {
 		p.v, p.err = verdict{action: pass, reason: ReasonNotHeld}, err
 		return p
 	}

@@ -21,22 +21,35 @@ import (
 const sizeofSockaddrMax = 128
 
 // readSockaddr reads the address a bind() passes (args[1], args[2]) from
-// the thread's memory.
+// the thread's memory: process_vm_readv, one syscall, or /proc/TID/mem
+// where that is refused.
 func readSockaddr(tid int, addr, length uint64) ([]byte, error) {
-	n := min(length, sizeofSockaddrMax)
+	n := int(min(length, sizeofSockaddrMax))
 	if n < 2 {
 		return nil, fmt.Errorf("bind address of thread %d: %d bytes", tid, length)
 	}
+	b := make([]byte, n)
+	local := []unix.Iovec{{Base: &b[0]}}
+	local[0].SetLen(n)
+	got, err := unix.ProcessVMReadv(tid, local, []unix.RemoteIovec{{Base: uintptr(addr), Len: n}}, 0)
+	if err == nil && got > 0 {
+		return b[:got], nil
+	}
+	return readMem(tid, addr, b)
+}
+
+// readMem reads len(b) bytes at addr of the thread's memory from /proc.
+func readMem(tid int, addr uint64, b []byte) ([]byte, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", tid))
 	if err != nil {
 		return nil, fmt.Errorf("memory of thread %d: %w", tid, err)
 	}
 	defer f.Close()
-	b := make([]byte, n)
-	if _, err := f.ReadAt(b, int64(addr)); err != nil {
+	n, err := f.ReadAt(b, int64(addr))
+	if n == 0 {
 		return nil, fmt.Errorf("bind address of thread %d at %#x: %w", tid, addr, err)
 	}
-	return b, nil
+	return b[:n], nil
 }
 
 // parseSockaddr decodes an AF_INET or AF_INET6 sockaddr; ok is false for

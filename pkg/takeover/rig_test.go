@@ -17,6 +17,7 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	"golang.org/x/sys/unix"
 
@@ -454,8 +455,13 @@ func describe(evs []Event) string {
 // startAgent starts an agent on the rig's socket, closed at cleanup.
 func (r *rig) startAgent() (*Agent, *events) {
 	r.t.Helper()
+	return r.startAgentLogging(zaptest.NewLogger(r.t))
+}
+
+func (r *rig) startAgentLogging(log *zap.Logger) (*Agent, *events) {
+	r.t.Helper()
 	evs := &events{}
-	a, err := Listen(Config{Socket: r.socket, OnEvent: evs.add, Logger: zaptest.NewLogger(r.t)})
+	a, err := Listen(Config{Socket: r.socket, OnEvent: evs.add, Logger: log})
 	if err != nil {
 		r.t.Fatal(err)
 	}
