@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -36,9 +37,11 @@ type Agent struct {
 	swaps     map[string]*registration
 	notifiers map[string]*notifier
 	seq       int
-	closed    bool
-	closing   chan struct{}
-	tasks     sync.WaitGroup // connections and notifier loops
+	stopping  bool          // Close or Detach began: no more connections
+	closing   chan struct{} // closed then: waiting binds continue
+	closed    bool          // no more loops or waits start
+	conns     sync.WaitGroup
+	loops     sync.WaitGroup
 	waits     sync.WaitGroup // binds waiting for an old socket to go
 }
 
@@ -100,11 +103,25 @@ func (a *Agent) Serve() error {
 				return nil
 			default:
 			}
+			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ECONNABORTED) {
+				a.log.Warn("takeover: accept", zap.Error(err))
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
 			return fmt.Errorf("takeover agent: accept: %w", err)
 		}
-		if !a.spawn(&a.tasks, func() { a.attachConn(c) }) {
+		a.mu.Lock()
+		if a.stopping { // accepted as Close began: runc sees the connection close
+			a.mu.Unlock()
 			c.Close()
+			continue
 		}
+		a.conns.Add(1)
+		a.mu.Unlock()
+		go func() {
+			defer a.conns.Done()
+			a.attachConn(c)
+		}()
 	}
 }
 
@@ -123,22 +140,51 @@ func (a *Agent) spawn(wg *sync.WaitGroup, fn func()) bool {
 	return true
 }
 
-// Close stops the agent: waiting binds continue in the kernel, then the
-// notify fds and the socket close. A container's filter keeps working
-// only through copies taken with File or Files before; without one,
-// every later bind() in it fails with ENOSYS.
+// Close stops the agent: the connections under way attach their fds,
+// waiting binds continue in the kernel, each loop answers the bind it has
+// in hand, then the notify fds and the socket close. A container's filter
+// keeps working only through copies taken with File or Files; without
+// one, every later bind() in it fails with ENOSYS.
 func (a *Agent) Close() error {
+	_, err := a.shutdown(false)
+	return err
+}
+
+// Detach is Close, but returns the notify fds by name instead of closing
+// them, with no notification received and unanswered: for an agent taking
+// over (Adopt). Binds made meanwhile wait for it.
+func (a *Agent) Detach() (map[string]*os.File, error) {
+	return a.shutdown(true)
+}
+
+func (a *Agent) shutdown(keep bool) (map[string]*os.File, error) {
 	a.mu.Lock()
-	if a.closed {
+	if a.stopping {
 		a.mu.Unlock()
-		return nil
+		return nil, errors.New("takeover agent: closed already")
 	}
-	a.closed = true
+	a.stopping = true
 	close(a.closing)
 	a.mu.Unlock()
 
 	err := a.ln.Close()
+	a.conns.Wait()
+	a.mu.Lock()
+	a.closed = true
+	ns := make([]*notifier, 0, len(a.notifiers))
+	for _, n := range a.notifiers {
+		ns = append(ns, n)
+	}
+	a.mu.Unlock()
 	a.waits.Wait()
+	for _, n := range ns {
+		n.stop()
+	}
+	a.loops.Wait()
+	var kept map[string]*os.File
+	if keep {
+		kept, err = a.Files()
+	}
 	a.mu.Lock()
 	for _, n := range a.notifiers {
 		n.close()
@@ -148,16 +194,15 @@ func (a *Agent) Close() error {
 		delete(a.swaps, swap)
 	}
 	a.mu.Unlock()
-	a.tasks.Wait()
 	if fi, serr := os.Stat(a.cfg.Socket); serr == nil && os.SameFile(fi, a.sock) {
 		if rerr := os.Remove(a.cfg.Socket); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("takeover agent: close: %w", err)
+		return kept, fmt.Errorf("takeover agent: close: %w", err)
 	}
-	return nil
+	return kept, nil
 }
 
 // Register lets the new container of old.Swap take over the listening

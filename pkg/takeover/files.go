@@ -79,15 +79,25 @@ func (a *Agent) serveFile(fd int, name, container, swap string, pid int) error {
 	}
 	n := &notifier{a: a, name: name, container: container, swap: swap, f: f, rc: rc, buf: make([]byte, a.sizes.notif)}
 	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		f.Close()
+		return errors.New("takeover agent: closed")
+	}
 	a.notifiers[name] = n
 	a.mu.Unlock()
-	if !a.spawn(&a.tasks, n.serve) {
-		a.forget(n)
-		return errors.New("takeover agent: closed")
+	if len(name) > maxNameLen {
+		a.log.Warn("takeover: notify fd name too long for an fd store", zap.String("name", name))
 	}
 	a.log.Info("takeover: notify fd attached", zap.String("container_id", container), zap.String("swap_id", swap),
 		zap.String("name", name), zap.Int("pid", pid))
+	// Before the loop starts: a handler that stores the fd (File) does so
+	// before any of its binds is answered.
 	a.emit(Event{Kind: Attached, At: time.Now(), Name: name, Container: container, Swap: swap, Pid: pid})
+	if !a.spawn(&a.loops, n.serve) {
+		a.forget(n)
+		return errors.New("takeover agent: closed")
+	}
 	return nil
 }
 

@@ -37,12 +37,21 @@ type notifier struct {
 	f                     *os.File
 	rc                    syscall.RawConn
 	buf                   []byte // the kernel's struct seccomp_notif
-	closed                atomic.Bool
+	stopped               atomic.Bool
+}
+
+// stop ends the loop once it has answered the notification in hand
+// (a deadline wakes it from the poller), leaving the fd open.
+func (n *notifier) stop() {
+	n.stopped.Store(true)
+	if err := n.f.SetReadDeadline(time.Now()); err != nil {
+		n.close() // not in the poller: nothing else wakes it
+	}
 }
 
 // close closes the notify fd; the loop then ends.
 func (n *notifier) close() {
-	n.closed.Store(true)
+	n.stopped.Store(true)
 	n.f.Close()
 }
 
@@ -58,7 +67,7 @@ func (n *notifier) serve() {
 			n.a.log.Info("takeover: notify fd detached", zap.String("container_id", n.container), zap.String("name", n.name))
 			n.a.emit(Event{Kind: Detached, At: time.Now(), Name: n.name, Container: n.container, Swap: n.swap})
 			return
-		case n.closed.Load():
+		case n.stopped.Load():
 			return
 		case err != nil:
 			// Unexpected: keep the fd (closing it would fail every later

@@ -332,9 +332,9 @@ func TestRuncAgentKilled(t *testing.T) {
 	evs.wait(t, "the exec's notify fd", time.Second, func(e Event) bool { return e.Kind == Attached })
 }
 
-// The notify fds kept (Files) outlive the agent: with no agent reading,
-// a bind waits instead of failing; a new agent that adopts them answers it
-// and serves handovers again.
+// The notify fds kept (Detach; Files gives the same, named alike) outlive
+// the agent: with no agent reading, a bind waits instead of failing; a new
+// agent that adopts them answers it and serves handovers again.
 func TestRuncAdopt(t *testing.T) {
 	r := newRig(t)
 	a1, err := Listen(Config{Socket: r.socket})
@@ -355,16 +355,23 @@ func TestRuncAdopt(t *testing.T) {
 	if res := nc.probe(command{Op: "bind", Port: 9090}, 10*time.Second); res.OK != 1 {
 		t.Fatalf("bind with the first agent: %+v", res)
 	}
-	files, err := a1.Files()
-	if err != nil || len(files) != 1 {
-		t.Fatalf("files: %v %v", files, err)
+	copies, err := a1.Files()
+	if err != nil || len(copies) != 1 {
+		t.Fatalf("files: %v %v", copies, err)
 	}
 	closed = true
-	if err := a1.Close(); err != nil {
-		t.Fatal(err)
+	files, err := a1.Detach()
+	if err != nil || len(files) != 1 {
+		t.Fatalf("detach: %v %v", files, err)
 	}
 	if err := <-served; err != nil {
 		t.Fatal(err)
+	}
+	for name, f := range copies {
+		if _, ok := files[name]; !ok {
+			t.Errorf("Files named %s, Detach did not", name)
+		}
+		f.Close()
 	}
 
 	resc := make(chan result, 1)
