@@ -145,7 +145,8 @@ func addFD(fd uintptr, id uint64, src, target int, cloexec bool) error {
 	return ioctl(fd, unix.SECCOMP_IOCTL_NOTIF_ADDFD, b[:])
 }
 
-// isGone reports whether err says the notification or the filter is gone.
+// isGone reports whether err says the notification or the filter is gone
+// (ESRCH: the thread left the syscall before it installed the fd).
 func isGone(err error) bool {
-	return errors.Is(err, errGone) || errors.Is(err, syscall.EBADF)
+	return errors.Is(err, errGone) || errors.Is(err, syscall.EBADF) || errors.Is(err, syscall.ESRCH)
 }

@@ -62,6 +62,8 @@ func (n *notifier) serve() {
 	for {
 		nt, err := n.next()
 		switch {
+		case err == nil:
+			n.handle(nt) // stopping or not: a notification taken is answered
 		case errors.Is(err, errHangup):
 			n.a.forget(n)
 			n.a.log.Info("takeover: notify fd detached", zap.String("container_id", n.container), zap.String("name", n.name))
@@ -78,9 +80,7 @@ func (n *notifier) serve() {
 				return
 			case <-time.After(100 * time.Millisecond):
 			}
-			continue
 		}
-		n.handle(nt)
 	}
 }
 
@@ -170,31 +170,32 @@ func (n *notifier) handle(nt notification) {
 	}
 	e := Event{At: start, Name: n.name, Container: n.container, Swap: n.swap, Tid: nt.pid, Pid: p.tgid, Fd: int(int32(nt.args[0])),
 		Addr: p.addr, Reason: p.v.reason, Err: p.err}
+	var err error
 	switch p.v.action {
 	case pass:
 		e.Kind = Passed
-		if err := n.answer(nt.id, answerContinue); isGone(err) {
-			return
-		} else if err != nil {
-			e.Err = err
-		}
+		err = n.answer(nt.id, answerContinue)
 	case handOver:
-		if err := n.handOver(nt, p); isGone(err) {
-			return
-		} else if err != nil {
-			e.Kind, e.Reason, e.Err = Refused, ReasonFailed, err
-			n.startWait(nt, p.reg, e)
-			break
-		}
 		e.Kind = HandedOver
 		e.FromPid, e.FromFd = p.olds[p.v.from].pid, p.olds[p.v.from].fd
+		if err = n.handOver(nt, p); err != nil && !isGone(err) {
+			e.Kind, e.Reason, e.FromPid, e.FromFd = Refused, ReasonFailed, 0, 0
+		}
 	case wait:
 		e.Kind = Refused
-		n.startWait(nt, p.reg, e)
+	}
+	if isGone(err) {
+		return
+	}
+	if err != nil {
+		e.Err = err
 	}
 	e.Took = time.Since(start)
 	n.log(e)
 	n.a.emit(e)
+	if e.Kind == Refused {
+		n.startWait(nt, p.reg, e)
+	}
 }
 
 // handOver installs the old socket at the caller's fd number and answers
