@@ -30,13 +30,29 @@
 // socket that is discarded. The new process's own permission to bind a
 // privileged port is checked because installing a socket skips it.
 //
+// A swap's part, as the engine drives it:
+//
+//	b, err := takeover.Profile(takeover.RuntimeDefault(boundingCaps), agentSocket, swapID)
+//	// b is the new container's Localhost seccomp profile
+//	err = agent.Register(takeover.Old{Swap: swapID, Pid: oldInitPid, Deadline: deadline})
+//	// create and start the new container; Config.OnEvent reports
+//	// HandedOver per port, or Refused (the swap falls back)
+//	agent.Unregister(swapID) // committed or rolled back: later binds pass
+//
+// A bind costs one sock_diag dump of the pod's network namespace unless
+// something listens on its port; only then are the old container's
+// processes' fds looked at.
+//
 // The filter cannot be removed from a process. When every copy of its
 // notify fd is closed (the agent died), each later bind() in that
 // container fails with ENOSYS, and runc exec into it fails while nothing
-// listens on the agent's socket. A restarted agent gets no fd for running
-// containers: the fds must outlive the agent. File returns a copy of each
-// with a name that says whose it is, for systemd's fd store; Adopt serves
-// one again after a restart.
+// listens on the agent's socket ("failed to connect with seccomp agent").
+// A restarted agent gets no fd for running containers, only for new ones
+// and new execs: the fds must outlive the agent. File and Files return
+// copies named after whose they are (container, swap), for systemd's fd
+// store; Adopt serves one again after a restart; Detach hands them all to
+// an agent taking over in the same process. While no agent reads a kept
+// fd, the container's binds wait.
 //
 // Kernel 5.9 or later (SECCOMP_ADDFD_FLAG_SETFD; pidfd_getfd 5.6,
 // SECCOMP_USER_NOTIF_FLAG_CONTINUE 5.5), runc 1.1 or later built with

@@ -14,7 +14,8 @@ const (
 	// HandedOver: a bind got the old container's listening socket.
 	HandedOver EventKind = "handed-over"
 	// Refused: a bind of a port the old container listens on cannot be
-	// handed over (Reason says why); it waits.
+	// handed over (Reason says why); it waits. A signal to the waiting
+	// thread makes the kernel restart the bind: it is refused again.
 	Refused EventKind = "refused"
 	// Released: a waiting bind continued in the kernel (Reason says why).
 	Released EventKind = "released"
