@@ -14,7 +14,7 @@ import (
 
 // TestRuncBindCost measures what the trap costs a bind, as the app sees
 // it (the bind syscall's duration in the probe), INPLACED_TAKEOVER_BINDS
-// times each (1000 by default): no filter, passed before any swap is
+// times each (1000 by default): no filter (IP and unix), passed before any swap is
 // registered, passed for a port the old container does not hold (the
 // agent looks at the old container's sockets), passed for a unix socket,
 // and handed over.
@@ -30,11 +30,17 @@ func TestRuncBindCost(t *testing.T) {
 	nc := r.run("new", []string{"/probe"}, defaultCaps, r.profile("swap-1", defaultCaps))
 	timeout := time.Duration(n) * 20 * time.Millisecond
 
-	out, err := old.exec("/probe", "-run", fmt.Sprintf(`{"op":"bind","port":9190,"n":%d}`, n))
-	if err != nil {
-		t.Fatalf("runc exec: %v: %s", err, out)
+	var rows []costRow
+	for _, c := range []struct{ name, cmd string }{
+		{"no filter (a process of the old container)", fmt.Sprintf(`{"op":"bind","port":9190,"n":%d}`, n)},
+		{"no filter: a unix socket", fmt.Sprintf(`{"op":"bind-unix","path":"/tmp/cost.sock","n":%d}`, n)},
+	} {
+		out, err := old.exec("/probe", "-run", c.cmd)
+		if err != nil {
+			t.Fatalf("runc exec: %v: %s", err, out)
+		}
+		rows = append(rows, costRow{c.name, lastResult(t, out)})
 	}
-	rows := []costRow{{"no filter (a process of the old container)", lastResult(t, out)}}
 	rows = append(rows, costRow{"passed: no swap registered", nc.probe(command{Op: "bind", Port: 9191, N: n}, timeout)})
 	if err := a.Register(Old{Swap: "swap-1", Pid: old.pid}); err != nil {
 		t.Fatal(err)
