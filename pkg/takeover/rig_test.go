@@ -336,6 +336,7 @@ type command struct {
 	N        int    `json:"n"`
 	Blocking bool   `json:"blocking"`
 	Keep     bool   `json:"keep"`
+	Inherit  bool   `json:"inherit"`
 	Path     string `json:"path"`
 }
 
@@ -345,6 +346,7 @@ type result struct {
 	Error string  `json:"error"`
 	Ns    []int64 `json:"ns"`
 	Inode uint64  `json:"inode"`
+	Fd    int     `json:"fd"`
 }
 
 func (r result) errno() syscall.Errno { return syscall.Errno(r.Errno) }

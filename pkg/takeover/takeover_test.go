@@ -210,6 +210,28 @@ func TestRuncPassThrough(t *testing.T) {
 	evs.wait(t, "handover to the exec'd process", time.Second, func(e Event) bool { return e.Kind == HandedOver && e.Pid != nc.pid })
 }
 
+// The socket installed keeps the app's close-on-exec flag, set or not.
+func TestRuncHandoverKeepsCloexec(t *testing.T) {
+	r := newRig(t)
+	a, _ := r.startAgent()
+	old := r.run("old", []string{"/app-v1", "-listen", ":8080"}, defaultCaps, nil)
+	r.waitServing(8080, "v1", 10*time.Second)
+	if err := a.Register(Old{Swap: "swap-1", Pid: old.pid}); err != nil {
+		t.Fatal(err)
+	}
+	nc := r.run("new", []string{"/probe"}, defaultCaps, r.profile("swap-1", defaultCaps))
+	for _, inherit := range []bool{false, true} {
+		res := nc.probe(command{Op: "bind", Port: 8080, Keep: true, Inherit: inherit}, 10*time.Second)
+		if res.OK != 1 || !socketInodes(old.pid)[res.Inode] {
+			t.Fatalf("bind of 8080 (inherit %v): %+v, want the old socket", inherit, res)
+		}
+		cloexec, err := fdCloexec(nc.pid, res.Fd)
+		if err != nil || cloexec == inherit {
+			t.Errorf("fd %d of a socket made with inherit %v: close-on-exec %v %v", res.Fd, inherit, cloexec, err)
+		}
+	}
+}
+
 func lastResult(t *testing.T, out []byte) result {
 	t.Helper()
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")

@@ -33,6 +33,7 @@ type command struct {
 	N        int    `json:"n"`
 	Blocking bool   `json:"blocking"` // a blocking socket (Go's are not)
 	Keep     bool   `json:"keep"`     // keep the last socket open
+	Inherit  bool   `json:"inherit"`  // no SOCK_CLOEXEC
 	Path     string `json:"path"`
 }
 
@@ -44,6 +45,7 @@ type result struct {
 	Error string  `json:"error"`
 	Ns    []int64 `json:"ns"`
 	Inode uint64  `json:"inode"`
+	Fd    int     `json:"fd"` // the socket kept
 }
 
 func main() {
@@ -143,7 +145,9 @@ func run(c command) result {
 				r.Errno = int(errno)
 			}
 		}
-		if fd >= 0 && !(c.Keep && i == max(c.N, 1)-1) {
+		if fd >= 0 && c.Keep && i == max(c.N, 1)-1 {
+			r.Fd = fd
+		} else if fd >= 0 {
 			unix.Close(fd)
 		}
 	}
@@ -153,6 +157,9 @@ func run(c command) result {
 // bindOnce opens a socket and binds it, timing the bind alone.
 func bindOnce(c command) (int, time.Duration, error) {
 	flags := unix.SOCK_CLOEXEC
+	if c.Inherit {
+		flags = 0
+	}
 	if !c.Blocking {
 		flags |= unix.SOCK_NONBLOCK
 	}
