@@ -95,7 +95,11 @@ func newRig(t *testing.T) *rig {
 	t.Helper()
 	requireRig(t)
 	r := &rig{t: t, bin: buildBinaries(t)}
+	// A name no other test (or a run killed before its cleanup) holds.
 	n := rand.IntN(200) + 20
+	for i := 0; i < 50 && exists(fmt.Sprintf("/var/run/netns/inpltk%d", n), fmt.Sprintf("/sys/class/net/ith%d", n)); i++ {
+		n = rand.IntN(200) + 20
+	}
 	r.netns, r.podIP = fmt.Sprintf("inpltk%d", n), fmt.Sprintf("10.251.%d.2", n)
 	host := fmt.Sprintf("ith%d", n)
 	var err error
@@ -114,6 +118,15 @@ func newRig(t *testing.T) *rig {
 	r.ip("-n", r.netns, "link", "set", "eth0", "up")
 	r.ip("-n", r.netns, "link", "set", "lo", "up")
 	return r
+}
+
+func exists(paths ...string) bool {
+	for _, p := range paths {
+		if _, err := os.Lstat(p); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *rig) ip(args ...string) {
