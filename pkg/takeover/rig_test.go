@@ -404,26 +404,6 @@ func socketInodes(pid int) map[uint64]bool {
 	return out
 }
 
-// childOf returns the first child of pid (the probe's app), which any
-// of its threads may have started.
-func childOf(t *testing.T, pid int) int {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
-		for _, file := range files {
-			b, _ := os.ReadFile(file)
-			if f := strings.Fields(string(b)); len(f) > 0 {
-				n, _ := strconv.Atoi(f[0])
-				return n
-			}
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("no child of %d", pid)
-	return 0
-}
-
 // events collects an agent's events.
 type events struct {
 	mu  sync.Mutex

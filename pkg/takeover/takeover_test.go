@@ -8,11 +8,13 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/inplaced/inplaced/pkg/hold"
 	"github.com/inplaced/inplaced/test/harness"
 )
 
@@ -102,8 +104,11 @@ func TestRuncHandover(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	startNew := time.Now()
 	nc := r.run("new", []string{"/probe", "/app-v2", "-listen", ":8080"}, defaultCaps, r.profile("swap-1", defaultCaps))
-	app := childOf(t, nc.pid)
-	ev := evs.wait(t, "handover of 8080", 10*time.Second, func(e Event) bool { return e.Kind == HandedOver && e.Pid == app })
+	ev := evs.wait(t, "handover of 8080", 10*time.Second, func(e Event) bool { return e.Kind == HandedOver && e.Addr.Port() == 8080 })
+	app := ev.Pid
+	if ps, err := hold.ContainerPids(nc.pid); err != nil || !slices.Contains(ps, app) || app == nc.pid {
+		t.Fatalf("handed to pid %d: the new container's processes are %v (%v), the probe is %d", app, ps, err, nc.pid)
+	}
 	t.Logf("handed over %s from pid %d fd %d to pid %d fd %d in %s, %s after runc create",
 		ev.Addr, ev.FromPid, ev.FromFd, ev.Pid, ev.Fd, ev.Took, ev.At.Sub(startNew))
 	r.waitServing(8080, "v2", 5*time.Second) // the new app serves from the shared socket
