@@ -1,9 +1,13 @@
 package takeover
 
 import (
+	"bytes"
 	"encoding/binary"
 	"net/netip"
+	"os"
+	"runtime"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -132,5 +136,25 @@ func TestParseStatus(t *testing.T) {
 	}
 	if _, err := parseStatus([]byte("Name:\tx\n")); err == nil {
 		t.Fatal("no error for a status without Tgid")
+	}
+}
+
+// Both ways of reading a bind's address, on this process's own memory.
+func TestReadSockaddr(t *testing.T) {
+	want := make([]byte, unix.SizeofSockaddrInet6)
+	binary.NativeEndian.PutUint16(want[0:2], unix.AF_INET6)
+	binary.BigEndian.PutUint16(want[2:4], 8080)
+	addr := uint64(uintptr(unsafe.Pointer(&want[0])))
+	got, err := readSockaddr(os.Getpid(), addr, uint64(len(want)))
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("process_vm_readv: %x %v", got, err)
+	}
+	got, err = readMem(os.Getpid(), addr, make([]byte, len(want)))
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("/proc/PID/mem: %x %v", got, err)
+	}
+	runtime.KeepAlive(want)
+	if _, err := readSockaddr(os.Getpid(), addr, 1); err == nil {
+		t.Error("a 1-byte address read")
 	}
 }
