@@ -70,7 +70,7 @@ func buildBinaries(t *testing.T) binaries {
 // requireRig skips (fails under CI=true) without root, runc and ip.
 func requireRig(t *testing.T) {
 	t.Helper()
-	harness.RequireRoot(t)
+	harness.Require(t, "root", os.Geteuid() == 0, "runc containers, a network namespace and the agent's pidfd_getfd need root")
 	_, err := exec.LookPath("runc")
 	harness.Require(t, "runc", err == nil, "install runc (1.1 or later, built with libseccomp 2.5 or later)")
 	_, err = exec.LookPath("ip")

@@ -68,12 +68,6 @@ func (r *rig) startAgentProcess() *exec.Cmd {
 	return cmd
 }
 
-func TestMain_agentEnvUnset(t *testing.T) {
-	if os.Getenv(agentEnv) != "" {
-		t.Fatal("the agent helper's variable leaked into the tests")
-	}
-}
-
 // The overlap: the new container's app binds the port the old one
 // listens on, gets the old socket, and both accept from it; the old one
 // gets SIGTERM and drains; a client dialling every 5 ms throughout sees no
