@@ -14,6 +14,7 @@ type Reason string
 const (
 	ReasonNoSwap     Reason = "no swap registered for the container"
 	ReasonNotIP      Reason = "not an IP address"
+	ReasonOtherABI   Reason = "a bind of another ABI than the agent's (32-bit x86)"
 	ReasonNotTCP     Reason = "not a TCP socket"
 	ReasonBound      Reason = "the socket is bound already"
 	ReasonOtherNetNS Reason = "another network namespace than the old container's"

@@ -14,7 +14,7 @@ func (n *notifier) plan(nt notification) plan {
 	case reg == nil:
 		return passing(ReasonNoSwap, nil)
 	case nt.nr != unix.SYS_BIND || nt.arch != nativeArch:
-		return passing(ReasonNotIP, nil)
+		return passing(ReasonOtherABI, nil)
 	}
 	raw, err := readSockaddr(nt.pid, nt.args[1], nt.args[2])
 	if err != nil {
