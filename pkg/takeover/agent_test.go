@@ -1,9 +1,12 @@
 package takeover
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/inplaced/inplaced/test/harness"
 )
 
 // The agent's socket: root's alone, one agent at a time, a stale file
@@ -42,5 +45,33 @@ func TestListenSocket(t *testing.T) {
 	}
 	if err := a.Close(); err == nil {
 		t.Error("closed twice without an error")
+	}
+}
+
+// The old container's listening sockets are looked for in its network
+// namespace only: a socket of another (a process that reused an old pid)
+// is not one.
+func TestScanListenersNetNS(t *testing.T) {
+	harness.Require(t, "root", os.Geteuid() == 0, "pidfd_getfd and SIOCGSKNS need root")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	mine, err := netNS(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := scanListeners([]int{os.Getpid()}, port, mine)
+	if err != nil || len(ls) != 1 || ls[0].addr.Port() != port || !ls[0].listening {
+		t.Fatalf("in its own namespace: %+v %v", ls, err)
+	}
+	ls.close()
+	other := mine
+	other.ino++
+	if ls, err := scanListeners([]int{os.Getpid()}, port, other); err != nil || len(ls) != 0 {
+		ls.close()
+		t.Fatalf("in another namespace: %+v %v", ls, err)
 	}
 }

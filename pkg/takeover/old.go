@@ -102,7 +102,7 @@ func (r *registration) listeners(port uint16) (listeners, error) {
 	r.mu.Lock()
 	pids := r.pids
 	r.mu.Unlock()
-	ls, err := scanListeners(pids, port)
+	ls, err := scanListeners(pids, port, r.netns)
 	if err != nil || len(ls) > 0 {
 		return ls, err
 	}
@@ -113,7 +113,7 @@ func (r *registration) listeners(port uint16) (listeners, error) {
 	r.mu.Lock()
 	r.pids = fresh
 	r.mu.Unlock()
-	return scanListeners(fresh, port)
+	return scanListeners(fresh, port, r.netns)
 }
 
 // listensOn reports whether the old container still listens on port.

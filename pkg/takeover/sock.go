@@ -115,14 +115,16 @@ func (ls listeners) close() {
 	}
 }
 
-// scanListeners copies the listening TCP/MPTCP sockets on port held by the
-// processes pids (each socket once, where several processes share it). A
-// process that exits meanwhile is skipped.
-func scanListeners(pids []int, port uint16) (listeners, error) {
+// scanListeners copies the listening TCP/MPTCP sockets on port in network
+// namespace ns held by the processes pids (each socket once, where several
+// processes share it). A process that exits meanwhile is skipped. The
+// namespace is the socket's own: a pid listed earlier may have been
+// reused by a process of another pod by now.
+func scanListeners(pids []int, port uint16, ns nsID) (listeners, error) {
 	seen := map[string]bool{}
 	var out listeners
 	for _, pid := range pids {
-		ls, err := scanProcess(pid, port, seen)
+		ls, err := scanProcess(pid, port, ns, seen)
 		if err != nil {
 			out.close()
 			return nil, err
@@ -132,7 +134,7 @@ func scanListeners(pids []int, port uint16) (listeners, error) {
 	return out, nil
 }
 
-func scanProcess(pid int, port uint16, seen map[string]bool) (listeners, error) {
+func scanProcess(pid int, port uint16, ns nsID, seen map[string]bool) (listeners, error) {
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -151,7 +153,7 @@ func scanProcess(pid int, port uint16, seen map[string]bool) (listeners, error) 
 		}
 		seen[link] = true
 		fd, _ := strconv.Atoi(e.Name())
-		l, ok, err := copyListener(pidfd, pid, fd, port)
+		l, ok, err := copyListener(pidfd, pid, fd, port, ns)
 		if err != nil {
 			out.close()
 			return nil, err
@@ -164,8 +166,8 @@ func scanProcess(pid int, port uint16, seen map[string]bool) (listeners, error) 
 }
 
 // copyListener copies fd of the process and keeps it when it is a TCP
-// socket listening on port.
-func copyListener(pidfd, pid, fd int, port uint16) (oldListener, bool, error) {
+// socket listening on port in network namespace ns.
+func copyListener(pidfd, pid, fd int, port uint16, ns nsID) (oldListener, bool, error) {
 	c, err := unix.PidfdGetfd(pidfd, fd, 0)
 	if errors.Is(err, unix.EBADF) || errors.Is(err, unix.ESRCH) {
 		return oldListener{}, false, nil // closed, or the process exited
@@ -174,10 +176,22 @@ func copyListener(pidfd, pid, fd int, port uint16) (oldListener, bool, error) {
 		return oldListener{}, false, fmt.Errorf("copy fd %d of %d: %w", fd, pid, err)
 	}
 	s, err := inspect(c)
-	if err != nil || !s.inet() || !s.tcp() || !s.listening || s.addr.Port() != port {
+	if err != nil || !s.inet() || !s.tcp() || !s.listening || s.addr.Port() != port || !inNetNS(c, ns) {
 		unix.Close(c)
 		// A socket the agent cannot read is not one to hand over.
 		return oldListener{}, false, nil
 	}
 	return oldListener{sockInfo: s, pid: pid, fd: fd, copy: c}, true, nil
+}
+
+// inNetNS reports whether socket fd belongs to network namespace ns
+// (SIOCGSKNS opens the socket's namespace).
+func inNetNS(fd int, ns nsID) bool {
+	nsfd, err := unix.IoctlRetInt(fd, unix.SIOCGSKNS)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(nsfd)
+	var st unix.Stat_t
+	return unix.Fstat(nsfd, &st) == nil && nsID{dev: st.Dev, ino: st.Ino} == ns
 }

@@ -81,7 +81,11 @@ func TestRuncHandover(t *testing.T) {
 		t.Fatal(err)
 	}
 	oldSocks := socketInodes(old.pid)
-	if ls, err := scanListeners([]int{old.pid}, 8080); err == nil && len(ls) == 1 {
+	ns, err := netNS(old.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ls, err := scanListeners([]int{old.pid}, 8080, ns); err == nil && len(ls) == 1 {
 		// Go listens with MPTCP where the namespace has it: the dump of
 		// TCP listeners sees it through its TCP subflow's listener.
 		t.Logf("the old app's listener: domain %d, protocol %d, nonblocking %v", ls[0].domain, ls[0].protocol, ls[0].nonblock)
