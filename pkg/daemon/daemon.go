@@ -268,7 +268,7 @@ func (d *daemon) serve(ctx context.Context) error {
 	case err := <-errc:
 		return fmt.Errorf("CRI server stopped: %w", err)
 	}
-	d.shutDown(srv, stopSide)
+	d.shutDown(srv, fromSystemd, stopSide)
 	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}
@@ -311,18 +311,24 @@ func (d *daemon) serveSide(ctx context.Context, side *sync.WaitGroup) {
 	}
 }
 
-// shutDown drains the CRI server (no new calls: they wait for the next
-// process; the calls in flight run on), stops the side servers, waits for
-// running swaps, all within one grace from SIGTERM, then stops the CRI
-// server: the connections made meanwhile are sent to the next process.
-func (d *daemon) shutDown(srv *relay.Server, stopSide func()) {
+// shutDown drains the CRI server (no new calls; the calls in flight run
+// on), stops the side servers, waits for running swaps, all within one
+// grace from SIGTERM, then stops the CRI server. On systemd's socket the
+// calls made meanwhile wait, and Stop sends them to the next process.
+func (d *daemon) shutDown(srv *relay.Server, fromSystemd bool, stopSide func()) {
 	grace := d.cfg.ShutdownGrace.D()
 	d.log.Info("shutting down: no new calls; the calls and swaps in flight have the grace", zap.Duration("shutdown_grace", grace))
 	_, _ = sddaemon.SdNotify(false, sddaemon.SdNotifyStopping)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	if err := srv.Drain(ctx); err != nil {
+	// systemd's socket outlives this process: what comes during the drain
+	// is held for the next one. A socket of our own goes with us.
+	mode := relay.Refuse
+	if fromSystemd {
+		mode = relay.HandOff
+	}
+	if err := srv.Drain(ctx, mode); err != nil {
 		d.log.Warn("calls still running at the shutdown grace were cut: their callers retry, on the next process", zap.Duration("shutdown_grace", grace))
 	}
 	drained := time.Since(start)

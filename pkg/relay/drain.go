@@ -42,7 +42,9 @@ import (
 //     the first retry it is allowed, on a new connection — which waits in
 //     the backlog of systemd's socket for the next process.
 //
-// Without systemd the socket is this process's own, and goes with it.
+// Without systemd the socket is this process's own and goes with it:
+// nothing would answer what waited, so the drain closes it at once (Refuse)
+// and new connections are refused, as before there was a next process.
 
 // endless are the streaming methods whose calls never end by themselves: a
 // drain ends them at once rather than wait the whole grace for them.
@@ -76,15 +78,33 @@ type drainState struct {
 	told     map[*session]bool // sessions sent the first GOAWAY
 }
 
+// DrainMode is what a drain does with the connections that arrive during
+// it.
+type DrainMode int
+
+const (
+	// HandOff holds them until Stop, which sends them to the next process
+	// on the same socket: for a socket that outlives this process
+	// (systemd's).
+	HandOff DrainMode = iota
+	// Refuse closes the listener at once: for a socket this process bound
+	// itself, which goes with it.
+	Refuse
+)
+
 // Drain stops the server taking new calls and lets the calls in flight end
 // until ctx does; it then cuts what still runs and returns ctx's error.
-// Connections that arrive meanwhile are held until Stop, which tells them
-// to go to the next process (see the steps above).
-func (s *Server) Drain(ctx context.Context) error {
+// mode says what becomes of the connections that arrive meanwhile (see the
+// steps above).
+func (s *Server) Drain(ctx context.Context, mode DrainMode) error {
 	s.mu.Lock()
 	s.drain.draining = true
 	for _, h := range s.drain.handoffs {
-		h.park()
+		if mode == Refuse {
+			h.refuse()
+		} else {
+			h.park()
+		}
 	}
 	s.mu.Unlock()
 	s.r.Drain()
@@ -149,7 +169,7 @@ func (s *Server) handoff(lis net.Listener) net.Listener {
 	defer s.mu.Unlock()
 	h := newHandoff(lis, s.r.ioTimeout, s.r.log)
 	if s.drain.draining {
-		h.park()
+		h.refuse() // Serve after Drain began: nothing to hand over
 	}
 	s.drain.handoffs = append(s.drain.handoffs, h)
 	return h
@@ -216,6 +236,7 @@ type handoff struct {
 
 	mu       sync.Mutex
 	parking  bool
+	refusing bool // the listener was closed for the drain: Accept waits for Close
 	released bool
 	parked   map[*parkedConn]bool
 }
@@ -231,6 +252,9 @@ func (h *handoff) accept() {
 	for {
 		c, err := h.l.Accept()
 		if err != nil {
+			if h.refused() {
+				return
+			}
 			select {
 			case h.errs <- err:
 			case <-h.quit:
@@ -279,6 +303,21 @@ func (h *handoff) Close() error {
 }
 
 func (h *handoff) Addr() net.Addr { return h.l.Addr() }
+
+// refuse closes the listener now; Accept returns only once Close is
+// called, as the server stops.
+func (h *handoff) refuse() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.refusing = true
+	_ = h.l.Close()
+}
+
+func (h *handoff) refused() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.refusing
+}
 
 // park makes the connections accepted from now on held here.
 func (h *handoff) park() {

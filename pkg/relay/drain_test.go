@@ -154,7 +154,7 @@ func TestDrainHandsCallersOver(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		drained <- oldSrv.Drain(ctx)
+		drained <- oldSrv.Drain(ctx, HandOff)
 	}()
 	// The client has the GOAWAY: its next call opens a new connection.
 	waitState(t, cc, func(s connectivity.State) bool { return s != connectivity.Ready })
@@ -195,7 +195,7 @@ func TestDrainCutsAtGrace(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	t0 := time.Now()
-	if err := srv.Drain(ctx); !errors.Is(err, context.DeadlineExceeded) {
+	if err := srv.Drain(ctx, HandOff); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Drain with a call that never ends: %v, want DeadlineExceeded", err)
 	}
 	if d := time.Since(t0); d > 2*time.Second {
@@ -240,7 +240,7 @@ func TestDrainEndsOnlyEndlessStreams(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		drained <- s.server.Drain(ctx)
+		drained <- s.server.Drain(ctx, HandOff)
 	}()
 	var ev runtimeapi.ContainerEventResponse
 	if err := events.RecvMsg(&ev); status.Code(err) != codes.Unavailable {
@@ -298,7 +298,7 @@ func TestDrainGoAwayInTwoSteps(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		drained <- srv.Drain(ctx)
+		drained <- srv.Drain(ctx, HandOff)
 	}()
 	in := http2.NewFramer(io.Discard, c)
 	var pinged, ended3, ended1 bool
@@ -367,5 +367,59 @@ func waitCalls(t *testing.T, b *fakeBackend, method string) {
 			t.Fatalf("%s never reached the backend", method)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestDrainRefusesOnItsOwnSocket: on a socket the server's process bound
+// itself (no next process will serve it), the drain closes it at once: a
+// new connection is refused rather than held for nobody, and the call in
+// flight still ends with its answer.
+func TestDrainRefusesOnItsOwnSocket(t *testing.T) {
+	dir := t.TempDir()
+	be, beSock := startTagged(t, dir, "be")
+	conn, err := Dial("unix://" + beSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sock := filepath.Join(dir, "own.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := New(conn, modeOpts()...).NewServer()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	_, rt := kubeletClient(t, sock)
+	inFlight := goVersion(rt, "hold")
+	<-be.held
+	drained := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		drained <- srv.Drain(ctx, Refuse)
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("the server's own socket still takes connections during the drain")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(be.hold)
+	if r := <-inFlight; r.err != nil || r.resp.RuntimeName != "be" {
+		t.Fatalf("the call in flight: %v %v", r.resp, r.err)
+	}
+	if err := <-drained; err != nil {
+		t.Fatalf("Drain: %v", err)
+	}
+	srv.Stop()
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
 	}
 }
