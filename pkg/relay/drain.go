@@ -31,8 +31,9 @@ import (
 //     as grpc-go's server does it: GOAWAY with the largest stream ID and a
 //     PING, then, once the PING comes back (every stream the caller opened
 //     before it read the first GOAWAY has arrived), GOAWAY with the last
-//     stream ID. No stream is refused, so none is retried: grpc-go retries
-//     a call that was not processed transparently, but once only.
+//     stream ID. No stream is refused, so no call spends here the one
+//     transparent retry grpc-go gives a call the server did not process:
+//     step 4 needs it.
 //  3. GetContainerEvents streams end at once (Unavailable; kubelet opens
 //     the stream again). Every other call in flight, the streaming lists
 //     included, runs on until it ends or ctx does; then it is cut.
