@@ -75,9 +75,16 @@
 //     caller connection has its own state, lock and backend connections.
 //
 // With WithGRPCServer (config relay: grpc) the callers' connections are
-// grpc-go's server's own, with its limits; the router's request checks
-// still run in front of it (checkedConn, grpccheck.go), so a malformed
-// request reaches no backend in either mode.
+// grpc-go's server's own, with grpc-go's limits and checks and nothing in
+// front of them: the fallback is plain grpc-go, so that it does not share a
+// bug of the router's. It advertises the same stream limit (maxStreams,
+// grpc.MaxConcurrentStreams), which grpc-go enforces with REFUSED_STREAM
+// and which also bounds its running handlers (grpc-go's own answer to
+// CVE-2023-44487). A malformed request grpc-go accepts (a `te` other than
+// "trailers", no :scheme, a stream that depends on itself, a body that
+// disagrees with its content-length) reaches the backend as the call it
+// names, as it would going to containerd directly (TestMalformedRequests;
+// docs/architecture.md).
 //
 // Each limit that ends a connection is logged (warn) and counted by the
 // abuse observer (the metric inplaced_relay_abuse_total{limit}). Protocol

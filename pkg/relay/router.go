@@ -160,7 +160,7 @@ func (r *Relay) NewServer() *Server {
 // when stopped while serving, and the listener's error otherwise.
 func (s *Server) Serve(lis net.Listener) error {
 	if s.r.grpcAll {
-		return s.inner.Serve(checkedListener{lis}) // the router's request checks first (grpccheck.go)
+		return s.inner.Serve(lis)
 	}
 	s.mu.Lock()
 	if s.stopping {
@@ -911,8 +911,7 @@ func (s *session) startWaiting(p *peer) {
 
 // badRequest says whether the request whose header block h just ended is
 // one that must reach no backend (a stream error, RFC 9113 §5.3.1, §8.1.1),
-// and returns its content-length, -1 if it has none. The router's check,
-// and checkedConn's in front of grpc-go's server.
+// and returns its content-length, -1 if it has none.
 func badRequest(h *headerBlock) (bool, int64) {
 	malformed, clen := malformedRequest(h.fields)
 	return h.selfDep || malformed, clen
