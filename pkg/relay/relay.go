@@ -328,3 +328,12 @@ func outgoing(ctx context.Context) context.Context {
 	}
 	return metadata.NewOutgoingContext(ctx, out)
 }
+
+// FallbackLimits are the limits grpc-go's server advertises and enforces
+// when it serves the callers' connections itself (WithGRPCServer): the
+// router's stream limit, which grpc-go enforces with REFUSED_STREAM and
+// which also bounds its running handlers (grpc-go's answer to
+// CVE-2023-44487). Message sizes and windows are ServerOptions'.
+func FallbackLimits() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.MaxConcurrentStreams(maxStreams)}
+}

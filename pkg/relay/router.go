@@ -136,8 +136,8 @@ func (r *Relay) NewServer() *Server {
 	opts := r.ServerOptions()
 	if r.grpcAll {
 		// The callers' connections are the inner server's own: it enforces
-		// the stream limit we advertise, and the observer sees each call.
-		opts = append(opts, grpc.MaxConcurrentStreams(maxStreams))
+		// the limits it advertises, and the observer sees each call.
+		opts = append(opts, FallbackLimits()...)
 		if r.observe != nil {
 			opts = append(opts, grpc.ChainStreamInterceptor(r.observeStream))
 		}
