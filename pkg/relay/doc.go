@@ -2,7 +2,7 @@
 // receives to a backend CRI endpoint untouched, and decodes only the methods
 // that have an interceptor registered.
 //
-// Server (router.go) serves the caller's connection at the HTTP/2 frame
+// Server (server.go) serves the caller's connection at the HTTP/2 frame
 // level: a stream no interceptor, open gate, stream filter or debug log wants
 // is forwarded frame by frame to a backend HTTP/2 connection; every other one
 // goes, the same way, to an in-process grpc.Server running the gRPC handler
