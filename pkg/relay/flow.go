@@ -24,14 +24,14 @@ type item struct {
 // already waits there.
 func (s *session) send(st *stream, from int, it item) {
 	to := 1 - from
-	if st.removed || st.sentEnd[to] {
+	if st.state == stateClosed || st.sentEnd(to) {
 		s.creditConn(s.peerOf(st, from), int64(len(it.data)))
-		if st.local && it.end {
+		if st.state == stateLocal && it.end {
 			s.maybeDone(st)
 		}
 		return
 	}
-	if len(st.q[to]) == 0 && !(st.waiting && to == sideUp) && s.deliver(st, to, &it) {
+	if len(st.q[to]) == 0 && !(st.state == stateWaiting && to == sideUp) && s.deliver(st, to, &it) {
 		s.maybeDone(st)
 		return
 	}
@@ -84,7 +84,9 @@ func (s *session) deliver(st *stream, to int, it *item) bool {
 			}
 		}
 		p.writeHeaders(id, it.headers, it.end)
-		st.sentEnd[to] = it.end
+		if it.end {
+			st.endSent(to)
+		}
 		return true
 	}
 	for {
@@ -103,7 +105,7 @@ func (s *session) deliver(st *stream, to int, it *item) bool {
 			s.credit(st, 1-to, n)
 		}
 		if end {
-			st.sentEnd[to] = true
+			st.endSent(to)
 		}
 		if len(it.data) == 0 {
 			return true
@@ -113,15 +115,15 @@ func (s *session) deliver(st *stream, to int, it *item) bool {
 
 // flushQueue writes what waits for side to, as far as its windows allow.
 func (s *session) flushQueue(st *stream, to int) {
-	for len(st.q[to]) > 0 && !st.removed {
-		if !s.deliver(st, to, &st.q[to][0]) || st.removed {
+	for len(st.q[to]) > 0 && st.state != stateClosed {
+		if !s.deliver(st, to, &st.q[to][0]) || st.state == stateClosed {
 			return
 		}
 		st.q[to][0].release()
 		st.q[to] = st.q[to][1:]
 	}
 	st.q[to] = nil
-	if to == sideDown && st.rstDown && !st.removed {
+	if to == sideDown && st.state == stateUpReset {
 		_ = s.down.fr.WriteRSTStream(st.ids[sideDown], http2.ErrCodeNo)
 		s.down.dirty = true
 		s.remove(st, st.code)
@@ -151,7 +153,7 @@ func (s *session) flushPeer(p *peer) {
 // quarter of a window has been consumed (as grpc-go does).
 func (s *session) credit(st *stream, from int, n int64) {
 	s.creditConn(s.peerOf(st, from), n)
-	if st.removed || st.gotEnd[from] {
+	if st.state == stateClosed || st.gotEnd(from) {
 		return
 	}
 	st.unacked[from] += n

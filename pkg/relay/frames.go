@@ -104,14 +104,14 @@ func (s *session) headerFragment(p *peer, frag []byte, last bool) error {
 	if st == nil {
 		return nil // reset or failed meanwhile
 	}
-	if st.gotEnd[sideUp] {
+	if st.gotEnd(sideUp) {
 		return protoErr("HEADERS after END_STREAM on stream %d", id)
 	}
 	if h.end {
-		st.gotEnd[sideUp] = true
+		st.endRecv(sideUp)
 		st.code = statusOf(h.fields)
 	}
-	st.resp = true
+	st.answered = true
 	s.send(st, sideUp, item{headers: h.fields, end: h.end})
 	return nil
 }
@@ -120,7 +120,7 @@ func (s *session) headerFragment(p *peer, frag []byte, last bool) error {
 func (s *session) callerHeaders(id uint32, h *headerBlock) error {
 	fields, end := h.fields, h.end
 	if st := s.streams[id]; st != nil {
-		if st.gotEnd[sideDown] {
+		if st.gotEnd(sideDown) {
 			return connErr{http2.ErrCodeStreamClosed, fmt.Sprintf("HEADERS after END_STREAM on stream %d", id)}
 		}
 		if !end || h.pseudo != 0 || st.clen >= 0 && !takeBody(&st.clen, 0, true) {
@@ -130,7 +130,7 @@ func (s *session) callerHeaders(id uint32, h *headerBlock) error {
 			s.resetBoth(st, http2.ErrCodeProtocol, codes.Internal)
 			return nil
 		}
-		st.gotEnd[sideDown] = end
+		st.endRecv(sideDown) // trailers always end it (checked above)
 		s.send(st, sideDown, item{headers: fields, end: end})
 		return nil
 	}
@@ -169,7 +169,9 @@ func (s *session) callerHeaders(id uint32, h *headerBlock) error {
 	st.ids[sideDown] = id
 	st.win[sideDown] = s.down.initWindow
 	st.recv = [2]int64{streamWindow, streamWindow}
-	st.gotEnd[sideDown] = end
+	if end {
+		st.endRecv(sideDown)
+	}
 	if s.r.observe != nil {
 		st.start = time.Now()
 	}
@@ -190,13 +192,12 @@ func (s *session) callerHeaders(id uint32, h *headerBlock) error {
 		s.failStream(st, codes.Unavailable, err.Error())
 		return nil
 	}
-	st.up = up
 	if uint32(len(up.streams)) >= up.maxStreams {
 		// Over the backend's limit: the stream waits for one of up's to
 		// end, its frames queued (flow control bounds them).
-		st.waiting = true
-		up.waiting = append(up.waiting, st)
+		st.queue(up)
 	} else {
+		st.up = up
 		s.open(st)
 	}
 	s.send(st, sideDown, item{headers: fields, end: end})
@@ -252,7 +253,7 @@ func (s *session) data(p *peer, f *http2.DataFrame) error {
 		}
 		return nil
 	}
-	if st.gotEnd[from] {
+	if st.gotEnd(from) {
 		return connErr{http2.ErrCodeStreamClosed, fmt.Sprintf("DATA after END_STREAM on stream %d", f.StreamID)}
 	}
 	if n > st.recv[from] {
@@ -264,7 +265,7 @@ func (s *session) data(p *peer, f *http2.DataFrame) error {
 		s.credit(st, from, pad)
 	}
 	if f.StreamEnded() {
-		st.gotEnd[from] = true
+		st.endRecv(from)
 	}
 	if st.clen >= 0 && from == sideDown {
 		// RFC 9113 §8.1.1: DATA that disagrees with content-length makes
@@ -294,11 +295,11 @@ func (s *session) reset(p *peer, f *http2.RSTStreamFrame) error {
 			}
 			return nil
 		}
-		if st.up != nil && !st.up.dead && !st.waiting && !(st.sentEnd[sideUp] && st.gotEnd[sideUp]) {
+		if st.cancelable() {
 			_ = st.up.fr.WriteRSTStream(st.ids[sideUp], f.ErrCode)
 			st.up.dirty = true
 		}
-		answered := st.resp
+		answered := st.answered
 		s.remove(st, codes.Canceled)
 		if !answered {
 			// Opened and reset before the backend answered: the pattern
@@ -312,22 +313,20 @@ func (s *session) reset(p *peer, f *http2.RSTStreamFrame) error {
 		return nil
 	}
 	code := st.code
-	if !st.gotEnd[sideUp] {
+	if !st.gotEnd(sideUp) {
 		code = rstCode(f.ErrCode)
 	}
 	if f.ErrCode == http2.ErrCodeNo && len(st.q[sideDown]) > 0 {
 		// Trailers followed by RST_STREAM(NO_ERROR): the trailers go first.
-		st.rstDown = true
+		st.upReset()
 		st.code = code
-		delete(p.streams, f.StreamID)
-		st.up = nil
 		if len(p.waiting) > 0 {
 			s.startWaiting(p)
 		}
 		s.retire(p)
 		return nil
 	}
-	if !st.sentEnd[sideDown] || !st.gotEnd[sideDown] {
+	if st.half[sideDown] != halfClosed {
 		_ = s.down.fr.WriteRSTStream(st.ids[sideDown], f.ErrCode)
 		s.down.dirty = true
 	}

@@ -85,10 +85,8 @@ func grpcRequest(fields []hpack.HeaderField) (status, why string) {
 // follows the caller's flow control, so the stream counts against
 // maxStreams until the caller has taken it, as RFC 9113 §5.1.2 expects.
 func (s *session) answerLocally(st *stream, httpStatus, why string) {
-	st.local = true
+	st.toLocal()
 	st.code = codes.Internal
-	st.sentEnd[sideUp], st.gotEnd[sideUp] = true, true // nothing goes upstream
-	st.resp = true
 	s.send(st, sideUp, item{headers: []hpack.HeaderField{
 		{Name: ":status", Value: httpStatus},
 		{Name: "content-type", Value: "text/plain; charset=utf-8"},

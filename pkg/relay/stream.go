@@ -18,34 +18,121 @@ const (
 )
 
 // stream is one call: the caller's stream and the stream it was given on an
-// upstream connection.
+// upstream connection. Where it is in its life is state and half, changed
+// only by the transitions below; the [2] arrays are each side's flow
+// control and framing.
 type stream struct {
-	method  string
-	unary   bool
-	start   time.Time
-	up      *peer
-	ids     [2]uint32
-	win     [2]int64  // send window that side granted for the stream
-	q       [2][]item // frames waiting for that side's window, in order
-	sentEnd [2]bool   // END_STREAM written to that side
-	gotEnd  [2]bool   // END_STREAM received from that side
-	recv    [2]int64  // receive window we granted that side, left
-	unacked [2]int64
-	msgs    [2]msgScanner // gRPC message lengths from that side
-	resp    bool          // response headers sent to the caller
-	waiting bool          // queued for its upstream's MAX_CONCURRENT_STREAMS: no upstream ID yet
-	local   bool          // answered by the router itself: nothing goes upstream
-	clen    int64         // the request's content-length still to come; -1: none
-	rstDown bool          // the backend reset the stream with NO_ERROR: pass it on after q[sideDown]
-	code    codes.Code
-	removed bool
+	method   string
+	unary    bool
+	start    time.Time
+	up       *peer
+	state    streamState
+	half     [2]halfState // each side's END_STREAMs
+	answered bool         // response headers went toward the caller (the backend's or the router's own)
+	ids      [2]uint32
+	win      [2]int64  // send window that side granted for the stream
+	q        [2][]item // frames waiting for that side's window, in order
+	recv     [2]int64  // receive window we granted that side, left
+	unacked  [2]int64
+	msgs     [2]msgScanner // gRPC message lengths from that side
+	clen     int64         // the request's content-length still to come; -1: none
+	code     codes.Code
+}
+
+// streamState is where a stream is in its life, as the router sees it: one
+// value at a time (x/net's streamState, for a stream with two sides).
+//
+//	stateNew ──▶ stateWaiting ──▶ stateOpen ──▶ stateUpReset
+//	    │              │              │              │
+//	    ├─▶ stateLocal ┴──────────────┴──────────────┴──▶ stateClosed
+//	    └──────────────────────────────────────────────▶ stateClosed
+//
+// Each side's half-closes (RFC 9113 §5.1) are in halfState, apart: both
+// sides of an open stream pass through them, in any order.
+type streamState uint8
+
+const (
+	stateNew     streamState = iota // the caller opened it; not routed yet
+	stateWaiting                    // queued for its upstream's MAX_CONCURRENT_STREAMS: no upstream stream yet
+	stateOpen                       // open on its upstream connection (st.up) too
+	stateLocal                      // answered by the router itself: nothing goes upstream
+	stateUpReset                    // the backend reset it with NO_ERROR behind its answer, which still waits for the caller's window; RST_STREAM(NO_ERROR) follows it
+	stateClosed                     // forgotten: nothing of it is forwarded any more
+)
+
+// halfState is one side's END_STREAMs, as that side's connection sees the
+// stream (RFC 9113 §5.1): open (0), half-closed (remote), half-closed
+// (local), closed.
+type halfState uint8
+
+const (
+	halfClosedRemote halfState = 1 << iota // that side sent END_STREAM
+	halfClosedLocal                        // we sent that side END_STREAM
+	halfClosed       = halfClosedRemote | halfClosedLocal
+)
+
+// gotEnd says whether side sent END_STREAM.
+func (st *stream) gotEnd(side int) bool { return st.half[side]&halfClosedRemote != 0 }
+
+// sentEnd says whether we sent side END_STREAM.
+func (st *stream) sentEnd(side int) bool { return st.half[side]&halfClosedLocal != 0 }
+
+// endRecv: side sent END_STREAM.
+func (st *stream) endRecv(side int) { st.half[side] |= halfClosedRemote }
+
+// endSent: we sent side END_STREAM.
+func (st *stream) endSent(side int) { st.half[side] |= halfClosedLocal }
+
+// upLive says whether st has a stream on a live upstream connection.
+func (st *stream) upLive() bool { return st.state == stateOpen && !st.up.dead }
+
+// cancelable says whether st has a stream on a live upstream connection
+// that has not ended both ways: a reset or failure must cancel it there.
+func (st *stream) cancelable() bool { return st.upLive() && st.half[sideUp] != halfClosed }
+
+// queue: routed to up, whose stream limit makes it wait for a slot.
+func (st *stream) queue(up *peer) {
+	st.up, st.state = up, stateWaiting
+	up.waiting = append(up.waiting, st)
+}
+
+// openOn: given stream id on its upstream connection.
+func (st *stream) openOn(id uint32) {
+	st.state = stateOpen
+	st.ids[sideUp] = id
+	st.win[sideUp] = st.up.initWindow
+	st.up.streams[id] = st
+}
+
+// toLocal: the router answers it; nothing goes upstream.
+func (st *stream) toLocal() {
+	st.state = stateLocal
+	st.half[sideUp] = halfClosed
+	st.answered = true
+}
+
+// upReset: its upstream stream is gone (RST_STREAM NO_ERROR) while its
+// answer still waits for the caller.
+func (st *stream) upReset() {
+	delete(st.up.streams, st.ids[sideUp])
+	st.state, st.up = stateUpReset, nil
+}
+
+// close forgets st, and says whether it had an upstream stream, which
+// the caller must now forget too; false if it was closed already.
+func (st *stream) close() (wasOpen, ok bool) {
+	if st.state == stateClosed {
+		return false, false
+	}
+	wasOpen = st.state == stateOpen
+	st.state = stateClosed
+	return wasOpen, true
 }
 
 // open gives st its stream on its upstream connection.
 func (s *session) open(st *stream) {
 	up := st.up
-	st.waiting = false
-	st.ids[sideUp] = up.nextID
+	st.openOn(up.nextID)
 	up.nextID += 2
 	if up.nextID >= 1<<31-1 {
 		up.goaway = true // stream IDs used up: the next stream opens a new connection
@@ -54,8 +141,6 @@ func (s *session) open(st *stream) {
 		}
 		s.retired = append(s.retired, up)
 	}
-	st.win[sideUp] = up.initWindow
-	up.streams[st.ids[sideUp]] = st
 }
 
 // startWaiting opens the streams waiting for p's stream limit, in order,
@@ -65,7 +150,7 @@ func (s *session) startWaiting(p *peer) {
 		st := p.waiting[0]
 		p.waiting[0] = nil
 		p.waiting = p.waiting[1:]
-		if st.removed {
+		if st.state == stateClosed {
 			continue
 		}
 		s.open(st)
@@ -78,8 +163,8 @@ func (s *session) startWaiting(p *peer) {
 
 // maybeDone forgets a stream both sides have ended.
 func (s *session) maybeDone(st *stream) {
-	if !st.removed && st.sentEnd[sideDown] && st.sentEnd[sideUp] && len(st.q[0]) == 0 && len(st.q[1]) == 0 {
-		if st.local && !st.gotEnd[sideDown] {
+	if st.state != stateClosed && st.sentEnd(sideDown) && st.sentEnd(sideUp) && len(st.q[0]) == 0 && len(st.q[1]) == 0 {
+		if st.state == stateLocal && !st.gotEnd(sideDown) {
 			return // kept until the caller ends its side, or resets it
 		}
 		s.remove(st, st.code)
@@ -89,18 +174,18 @@ func (s *session) maybeDone(st *stream) {
 // remove forgets st; bytes still waiting in its queues free their
 // connections' windows.
 func (s *session) remove(st *stream, code codes.Code) {
-	if st.removed {
+	wasOpen, ok := st.close()
+	if !ok {
 		return
 	}
-	st.removed = true
 	delete(s.streams, st.ids[sideDown])
 	for to := range 2 {
 		s.dropQueue(st, to)
 	}
-	if st.resp && s.resets > 0 {
+	if st.answered && s.resets > 0 {
 		s.resets-- // an answered call earns back a reset (rapidResetLimit)
 	}
-	if st.up != nil && !st.waiting {
+	if wasOpen {
 		delete(st.up.streams, st.ids[sideUp])
 		if len(st.up.waiting) > 0 {
 			s.startWaiting(st.up)
@@ -132,7 +217,7 @@ func (s *session) retire(p *peer) {
 func (s *session) resetBoth(st *stream, code http2.ErrCode, c codes.Code) {
 	_ = s.down.fr.WriteRSTStream(st.ids[sideDown], code)
 	s.down.dirty = true
-	if st.up != nil && !st.up.dead && !st.waiting {
+	if st.upLive() {
 		_ = st.up.fr.WriteRSTStream(st.ids[sideUp], http2.ErrCodeCancel)
 		st.up.dirty = true
 	}
@@ -143,26 +228,26 @@ func (s *session) resetBoth(st *stream, code http2.ErrCode, c codes.Code) {
 // (trailers-only before any response headers, trailers after), discarding
 // what still waits for the caller, and cancels it upstream.
 func (s *session) failStream(st *stream, code codes.Code, msg string) {
-	if st.removed {
+	if st.state == stateClosed {
 		return
 	}
 	s.dropQueue(st, sideDown)
-	if !st.sentEnd[sideDown] && !s.down.dead {
+	if !st.sentEnd(sideDown) && !s.down.dead {
 		fields := make([]hpack.HeaderField, 0, 4)
-		if !st.resp {
+		if !st.answered {
 			fields = append(fields, hpack.HeaderField{Name: ":status", Value: "200"},
 				hpack.HeaderField{Name: "content-type", Value: "application/grpc"})
 		}
 		fields = append(fields, hpack.HeaderField{Name: "grpc-status", Value: strconv.Itoa(int(code))},
 			hpack.HeaderField{Name: "grpc-message", Value: encodeGrpcMessage(msg)})
 		s.down.writeHeaders(st.ids[sideDown], fields, true)
-		st.sentEnd[sideDown] = true
-		if !st.gotEnd[sideDown] {
+		st.endSent(sideDown)
+		if !st.gotEnd(sideDown) {
 			// As grpc-go's server does: the caller's side is still open.
 			_ = s.down.fr.WriteRSTStream(st.ids[sideDown], http2.ErrCodeNo)
 		}
 	}
-	if st.up != nil && !st.up.dead && !st.waiting && !(st.sentEnd[sideUp] && st.gotEnd[sideUp]) {
+	if st.cancelable() {
 		_ = st.up.fr.WriteRSTStream(st.ids[sideUp], http2.ErrCodeCancel)
 		st.up.dirty = true
 	}
