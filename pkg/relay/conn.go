@@ -48,10 +48,9 @@ type peer struct {
 	dirty      bool
 
 	// Upstream: the peer's SETTINGS_MAX_CONCURRENT_STREAMS (unlimited until
-	// its SETTINGS say otherwise, RFC 9113's initial value: holding streams
-	// until the first SETTINGS stalled calls under load, not understood
-	// yet) and
-	// SETTINGS_MAX_HEADER_LIST_SIZE (0: none said). Streams beyond the
+	// its SETTINGS say otherwise, RFC 9113's initial value; holding streams
+	// until the first SETTINGS stalled calls under load: docs/architecture.md)
+	// and SETTINGS_MAX_HEADER_LIST_SIZE (0: none said). Streams beyond the
 	// limit wait, in order, as they do in grpc-go's client.
 	maxStreams    uint32
 	maxHeaderList uint32

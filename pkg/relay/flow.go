@@ -44,11 +44,10 @@ func (s *session) send(st *stream, from int, it item) {
 	st.q[to] = append(st.q[to], it)
 }
 
-// queuedData holds the buffers of DATA waiting for a window. At 16
-// callers kubelet-sized ListContainers answers outgrow the caller's
-// connection window and wait here, a frame at a time (docs/architecture.md):
-// allocated per frame, they were most of what the router allocated, and
-// the collections that followed.
+// queuedData holds the buffers of DATA waiting for a window: answers that
+// outgrow the caller's connection window wait here a frame at a time, and
+// allocated per frame they were most of what the router allocated
+// (docs/performance.md, ListContainers at 16 callers).
 var queuedData = sync.Pool{New: func() any { b := make([]byte, 0, frameSize); return &b }}
 
 // release returns a waiting item's buffer.

@@ -25,10 +25,10 @@ const MaxMsgSize = 64 << 20
 // client. gRPC's default window is dynamic: the receiver sizes it with a
 // BDP ping sent along with received data, which on a local socket is one
 // more write, read and wake-up per relayed call on each side of the proxy
-// (strace on a Version loop: 7.6 → 4.2 reads per call without it). Static
-// windows, large enough that a kubelet-sized ListContainers answer never
-// waits for a WINDOW_UPDATE, turn the pings off. A window is credit the
-// peer may use, not memory held.
+// (docs/performance.md, "Static windows"). Static windows, large enough
+// that a kubelet-sized ListContainers answer never waits for a
+// WINDOW_UPDATE, turn the pings off. A window is credit the peer may use,
+// not memory held.
 const (
 	streamWindow = 16 << 20
 	connWindow   = 32 << 20

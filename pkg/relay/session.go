@@ -23,7 +23,7 @@ type session struct {
 	streams   map[uint32]*stream // by the caller's stream ID
 	lastID    uint32             // the caller's highest stream ID
 	resets    int                // caller resets and refusals of unanswered streams, less answered streams (rapidResetLimit)
-	waste     int                // the caller's resets and control frames past paceFree, not yet paced
+	pace      pacer              // the caller's wasted frames (pace.go)
 	goingAway bool
 	started   bool // our SETTINGS went out: GOAWAY may follow
 	closed    bool
@@ -86,28 +86,9 @@ func (s *session) read(p *peer) {
 			s.mu.Unlock()
 			return
 		}
-		var full *sockWriter
-		if p.br.Buffered() == 0 {
-			s.flush()
-			full = s.overflowing(p)
-		}
-		pause := p == s.down && s.paced()
-		if pause {
-			s.flush() // what the wasted frames asked for goes out first
-			if s.r.onPause != nil {
-				s.r.onPause()
-			}
-		}
+		w := s.afterFrame(p)
 		s.mu.Unlock()
-		if pause {
-			time.Sleep(pacePause)
-		}
-		if full != nil {
-			// A peer is not taking what we write: stop reading until it
-			// does (or its write deadline ends it), so that what waits for
-			// it stays bounded and the backpressure reaches our sender.
-			full.wait(maxOverflow, s.r.ioTimeout)
-		}
+		w.wait(s.r.ioTimeout)
 	}
 }
 
