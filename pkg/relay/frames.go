@@ -23,67 +23,94 @@ func (s *session) handle(p *peer, f http2.Frame) error {
 	case *http2.RSTStreamFrame:
 		return s.reset(p, f)
 	case *http2.SettingsFrame:
-		if f.IsAck() {
-			return nil
-		}
-		if err := s.controlFrame(p, limitSettingsFlood); err != nil {
-			return err
-		}
-		grew, err := s.settings(p, f)
-		if err != nil {
-			return err
-		}
-		// Acknowledged before what the change lets us send, as x/net's
-		// write scheduler orders them (control frames first).
-		_ = p.fr.WriteSettingsAck()
-		p.dirty = true
-		if grew {
-			s.flushPeer(p)
-		}
+		return s.settingsFrame(p, f)
 	case *http2.WindowUpdateFrame:
 		return s.windowUpdate(p, f)
 	case *http2.PingFrame:
-		if !f.IsAck() {
-			if err := s.controlFrame(p, limitPingFlood); err != nil {
-				return err
-			}
-			_ = p.fr.WritePing(true, f.Data)
-			p.dirty = true
-		}
+		return s.ping(p, f)
 	case *http2.GoAwayFrame:
-		if p.kind == down {
-			return nil // the caller opens no more streams; those open go on
-		}
-		p.goaway = true
-		if s.ups[p.kind] == p {
-			s.ups[p.kind] = nil
-			s.retired = append(s.retired, p)
-		}
-		for id, st := range p.streams {
-			if id > f.LastStreamID { // never processed: the caller may retry it
-				s.resetBoth(st, http2.ErrCodeRefusedStream, codes.Unavailable)
-			}
-		}
-		for _, st := range p.waiting { // never sent: the same
-			s.resetBoth(st, http2.ErrCodeRefusedStream, codes.Unavailable)
-		}
-		p.waiting = nil
-		s.retire(p)
+		s.goAwayFrom(p, f)
 	case *http2.PushPromiseFrame:
 		return protoErr("PUSH_PROMISE") // disabled on upstream connections, illegal from a client
 	case *http2.PriorityFrame:
-		if f.StreamDep == f.StreamID && p.kind == down { // RFC 9113 §5.3.1: a stream error
-			if st := s.streams[f.StreamID]; st != nil {
-				s.resetBoth(st, http2.ErrCodeProtocol, codes.Internal)
-				return nil
-			}
-			_ = p.fr.WriteRSTStream(f.StreamID, http2.ErrCodeProtocol)
-			p.dirty = true
-			return s.controlFrame(p, limitClosedStreamFlood)
-		}
-	case *http2.UnknownFrame:
+		return s.priority(p, f)
+	}
+	return nil // frames of unknown types are ignored (RFC 9113 §4.1)
+}
+
+// settingsFrame is a SETTINGS frame from p: applied, then acknowledged.
+func (s *session) settingsFrame(p *peer, f *http2.SettingsFrame) error {
+	if f.IsAck() {
+		return nil
+	}
+	if err := s.controlFrame(p, limitSettingsFlood); err != nil {
+		return err
+	}
+	grew, err := s.settings(p, f)
+	if err != nil {
+		return err
+	}
+	// Acknowledged before what the change lets us send, as x/net's
+	// write scheduler orders them (control frames first).
+	_ = p.fr.WriteSettingsAck()
+	p.dirty = true
+	if grew {
+		s.flushPeer(p)
 	}
 	return nil
+}
+
+// ping answers a PING from p.
+func (s *session) ping(p *peer, f *http2.PingFrame) error {
+	if f.IsAck() {
+		return nil
+	}
+	if err := s.controlFrame(p, limitPingFlood); err != nil {
+		return err
+	}
+	_ = p.fr.WritePing(true, f.Data)
+	p.dirty = true
+	return nil
+}
+
+// goAwayFrom is a GOAWAY from p. An upstream connection takes no new
+// streams; those it never processed are refused to the caller, who may
+// retry them.
+func (s *session) goAwayFrom(p *peer, f *http2.GoAwayFrame) {
+	if p.kind == down {
+		return // the caller opens no more streams; those open go on
+	}
+	p.goaway = true
+	if s.ups[p.kind] == p {
+		s.ups[p.kind] = nil
+		s.retired = append(s.retired, p)
+	}
+	for id, st := range p.streams {
+		if id > f.LastStreamID { // never processed: the caller may retry it
+			s.resetBoth(st, http2.ErrCodeRefusedStream, codes.Unavailable)
+		}
+	}
+	for _, st := range p.waiting { // never sent: the same
+		s.resetBoth(st, http2.ErrCodeRefusedStream, codes.Unavailable)
+	}
+	p.waiting = nil
+	s.retire(p)
+}
+
+// priority is a PRIORITY frame from p: ignored (RFC 9113 deprecates
+// priorities), unless the caller makes a stream depend on itself.
+func (s *session) priority(p *peer, f *http2.PriorityFrame) error {
+	if f.StreamDep != f.StreamID || p.kind != down {
+		return nil
+	}
+	// RFC 9113 §5.3.1: a stream error.
+	if st := s.streams[f.StreamID]; st != nil {
+		s.resetBoth(st, http2.ErrCodeProtocol, codes.Internal)
+		return nil
+	}
+	_ = p.fr.WriteRSTStream(f.StreamID, http2.ErrCodeProtocol)
+	p.dirty = true
+	return s.controlFrame(p, limitClosedStreamFlood)
 }
 
 // headerFragment decodes a fragment of p's header block and, when it was
@@ -118,21 +145,8 @@ func (s *session) headerFragment(p *peer, frag []byte, last bool) error {
 
 // callerHeaders opens a stream or carries the caller's trailers.
 func (s *session) callerHeaders(id uint32, h *headerBlock) error {
-	fields, end := h.fields, h.end
 	if st := s.streams[id]; st != nil {
-		if st.gotEnd(sideDown) {
-			return connErr{http2.ErrCodeStreamClosed, fmt.Sprintf("HEADERS after END_STREAM on stream %d", id)}
-		}
-		if !end || h.pseudo != 0 || st.clen >= 0 && !takeBody(&st.clen, 0, true) {
-			// Trailers end the stream and carry no pseudo-header field
-			// (RFC 9113 §8.1, §8.3), and the body must have matched its
-			// content-length (§8.1.1): a malformed request, a stream error.
-			s.resetBoth(st, http2.ErrCodeProtocol, codes.Internal)
-			return nil
-		}
-		st.endRecv(sideDown) // trailers always end it (checked above)
-		s.send(st, sideDown, item{headers: fields, end: end})
-		return nil
+		return s.callerTrailers(st, h)
 	}
 	if id%2 == 0 || id <= s.lastID {
 		// A closed stream, or one skipped (closed by then): grpc-go's server
@@ -141,16 +155,44 @@ func (s *session) callerHeaders(id uint32, h *headerBlock) error {
 	}
 	s.lastID = id
 	bad, clen := badRequest(h)
+	if refused, err := s.refuse(id, bad); refused {
+		return err
+	}
+	s.openStream(id, h, clen)
+	return nil
+}
+
+// callerTrailers carries the caller's trailers on st.
+func (s *session) callerTrailers(st *stream, h *headerBlock) error {
+	if st.gotEnd(sideDown) {
+		return connErr{http2.ErrCodeStreamClosed, fmt.Sprintf("HEADERS after END_STREAM on stream %d", st.ids[sideDown])}
+	}
+	if !h.end || h.pseudo != 0 || st.clen >= 0 && !takeBody(&st.clen, 0, true) {
+		// Trailers end the stream and carry no pseudo-header field
+		// (RFC 9113 §8.1, §8.3), and the body must have matched its
+		// content-length (§8.1.1): a malformed request, a stream error.
+		s.resetBoth(st, http2.ErrCodeProtocol, codes.Internal)
+		return nil
+	}
+	st.endRecv(sideDown)
+	s.send(st, sideDown, item{headers: h.fields, end: true})
+	return nil
+}
+
+// refuse says whether the caller's new stream id is refused rather than
+// opened: a malformed request (bad), one the caller resets at once, or one
+// over the limits; and what the refusal costs the connection.
+func (s *session) refuse(id uint32, bad bool) (bool, error) {
 	if bad {
 		// RFC 9113 §5.3.1, §8.1.1: a stream error; nothing is opened.
 		_ = s.down.fr.WriteRSTStream(id, http2.ErrCodeProtocol)
 		s.down.dirty = true
-		return s.countReset()
+		return true, s.countReset()
 	}
 	if s.resetNext(id) {
 		// Opened and reset in one breath (CVE-2023-44487's pattern): the
 		// backend never hears of it; the caller's budget pays.
-		return s.countReset()
+		return true, s.countReset()
 	}
 	if s.goingAway || len(s.streams) >= maxStreams {
 		// The limit we advertised (RFC 9113 §5.1.2). A refusal costs the
@@ -159,10 +201,18 @@ func (s *session) callerHeaders(id uint32, h *headerBlock) error {
 		_ = s.down.fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
 		s.down.dirty = true
 		if !s.goingAway {
-			return s.countReset()
+			return true, s.countReset()
 		}
-		return nil
+		return true, nil
 	}
+	return false, nil
+}
+
+// openStream opens the caller's stream id, whose request is header block
+// h, and routes it: answered by the router when it is not a gRPC call,
+// else to the upstream connection its method goes to.
+func (s *session) openStream(id uint32, h *headerBlock, clen int64) {
+	fields, end := h.fields, h.end
 	method := pseudoValue(fields, ":path")
 	rt := s.r.routes[method]
 	st := &stream{method: method, unary: rt.unary, code: codes.Unknown, clen: clen}
@@ -178,7 +228,7 @@ func (s *session) callerHeaders(id uint32, h *headerBlock) error {
 	s.streams[id] = st
 	if status, why := grpcRequest(fields); status != "" {
 		s.answerLocally(st, status, why)
-		return nil
+		return
 	}
 	kind := upRuntime
 	switch {
@@ -190,7 +240,7 @@ func (s *session) callerHeaders(id uint32, h *headerBlock) error {
 	up, err := s.upstream(kind)
 	if err != nil {
 		s.failStream(st, codes.Unavailable, err.Error())
-		return nil
+		return
 	}
 	if uint32(len(up.streams)) >= up.maxStreams {
 		// Over the backend's limit: the stream waits for one of up's to
@@ -201,7 +251,6 @@ func (s *session) callerHeaders(id uint32, h *headerBlock) error {
 		s.open(st)
 	}
 	s.send(st, sideDown, item{headers: fields, end: end})
-	return nil
 }
 
 // resetNext says whether the caller's next frame, already read into the
@@ -288,50 +337,60 @@ func (s *session) data(p *peer, f *http2.DataFrame) error {
 // reset is an RST_STREAM from p: passed on to the other side.
 func (s *session) reset(p *peer, f *http2.RSTStreamFrame) error {
 	if p.kind == down {
-		st := s.streams[f.StreamID]
-		if st == nil {
-			if f.StreamID > s.lastID || f.StreamID%2 == 0 {
-				return protoErr("RST_STREAM on idle stream %d", f.StreamID) // RFC 9113 §6.4
-			}
-			return nil
-		}
-		if st.cancelable() {
-			_ = st.up.fr.WriteRSTStream(st.ids[sideUp], f.ErrCode)
-			st.up.dirty = true
-		}
-		answered := st.answered
-		s.remove(st, codes.Canceled)
-		if !answered {
-			// Opened and reset before the backend answered: the pattern
-			// of CVE-2023-44487, which costs the backend a call each.
-			return s.countReset()
-		}
-		return nil
+		return s.callerReset(f)
 	}
-	st := p.streams[f.StreamID]
+	if st := p.streams[f.StreamID]; st != nil {
+		s.upstreamReset(p, st, f.ErrCode)
+	}
+	return nil
+}
+
+// callerReset is the caller's RST_STREAM: the stream is cancelled upstream
+// and forgotten.
+func (s *session) callerReset(f *http2.RSTStreamFrame) error {
+	st := s.streams[f.StreamID]
 	if st == nil {
+		if f.StreamID > s.lastID || f.StreamID%2 == 0 {
+			return protoErr("RST_STREAM on idle stream %d", f.StreamID) // RFC 9113 §6.4
+		}
 		return nil
 	}
-	code := st.code
-	if !st.gotEnd(sideUp) {
-		code = rstCode(f.ErrCode)
+	if st.cancelable() {
+		_ = st.up.fr.WriteRSTStream(st.ids[sideUp], f.ErrCode)
+		st.up.dirty = true
 	}
-	if f.ErrCode == http2.ErrCodeNo && len(st.q[sideDown]) > 0 {
+	answered := st.answered
+	s.remove(st, codes.Canceled)
+	if !answered {
+		// Opened and reset before the backend answered: the pattern
+		// of CVE-2023-44487, which costs the backend a call each.
+		return s.countReset()
+	}
+	return nil
+}
+
+// upstreamReset is an RST_STREAM of st from its upstream connection p,
+// with code.
+func (s *session) upstreamReset(p *peer, st *stream, code http2.ErrCode) {
+	status := st.code
+	if !st.gotEnd(sideUp) {
+		status = rstCode(code)
+	}
+	if code == http2.ErrCodeNo && len(st.q[sideDown]) > 0 {
 		// Trailers followed by RST_STREAM(NO_ERROR): the trailers go first.
 		st.upReset()
-		st.code = code
+		st.code = status
 		if len(p.waiting) > 0 {
 			s.startWaiting(p)
 		}
 		s.retire(p)
-		return nil
+		return
 	}
 	if st.half[sideDown] != halfClosed {
-		_ = s.down.fr.WriteRSTStream(st.ids[sideDown], f.ErrCode)
+		_ = s.down.fr.WriteRSTStream(st.ids[sideDown], code)
 		s.down.dirty = true
 	}
-	s.remove(st, code)
-	return nil
+	s.remove(st, status)
 }
 
 // settings applies a peer's SETTINGS and says whether its stream windows

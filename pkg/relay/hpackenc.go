@@ -104,31 +104,47 @@ func (e *headerEncoder) block() {
 // field appends f to the block.
 func (e *headerEncoder) field(f hpack.HeaderField) {
 	slot := &e.recent[recentSlot(f)]
-	if !f.Sensitive && sameStrings(slot.name, f.Name) && sameStrings(slot.value, f.Value) {
+	if !e.indexed(f, slot) {
+		e.literal(f, slot)
+	}
+}
+
+// indexed writes f as an indexed field, if the static table or a dynamic
+// entry still in the table holds it (and it may be indexed), and says
+// whether it did.
+func (e *headerEncoder) indexed(f hpack.HeaderField, slot *recentField) bool {
+	if f.Sensitive {
+		return false
+	}
+	if sameStrings(slot.name, f.Name) && sameStrings(slot.value, f.Value) {
 		if slot.static != 0 {
 			e.buf = appendVarInt(e.buf, 7, 0x80, uint64(slot.static))
-			return
+			return true
 		}
 		if idx, ok := e.index(slot.entry); ok {
 			e.buf = appendVarInt(e.buf, 7, 0x80, idx)
-			return
+			return true
 		}
 	}
+	if s := staticPair[pairKey{f.Name, f.Value}]; s != 0 {
+		*slot = recentField{name: f.Name, value: f.Value, static: s}
+		e.buf = appendVarInt(e.buf, 7, 0x80, uint64(s))
+		return true
+	}
+	if k := e.byPair[pairKey{f.Name, f.Value}]; k != 0 {
+		if idx, ok := e.index(k); ok {
+			*slot = recentField{name: f.Name, value: f.Value, entry: k}
+			e.buf = appendVarInt(e.buf, 7, 0x80, idx)
+			return true
+		}
+	}
+	return false
+}
+
+// literal writes f as a literal field, its name indexed if a table holds
+// it, and adds it to the dynamic table if it may be.
+func (e *headerEncoder) literal(f hpack.HeaderField, slot *recentField) {
 	nameIdx := uint64(0)
-	if !f.Sensitive {
-		if s := staticPair[pairKey{f.Name, f.Value}]; s != 0 {
-			*slot = recentField{name: f.Name, value: f.Value, static: s}
-			e.buf = appendVarInt(e.buf, 7, 0x80, uint64(s))
-			return
-		}
-		if k := e.byPair[pairKey{f.Name, f.Value}]; k != 0 {
-			if idx, ok := e.index(k); ok {
-				*slot = recentField{name: f.Name, value: f.Value, entry: k}
-				e.buf = appendVarInt(e.buf, 7, 0x80, idx)
-				return
-			}
-		}
-	}
 	if s := staticName[f.Name]; s != 0 {
 		nameIdx = uint64(s)
 	} else if k := e.byName[f.Name]; k != 0 {

@@ -257,24 +257,32 @@ func (r *Relay) handleStream(ctx context.Context, method string, ss grpc.ServerS
 	if err != nil {
 		return err
 	}
-	// caller -> backend
-	go func() {
-		for {
-			var f Frame
-			if err := ss.RecvMsg(&f); err != nil {
-				if errors.Is(err, io.EOF) {
-					_ = cs.CloseSend()
-				} else {
-					cancel()
-				}
-				return
+	go forwardRequests(ss, cs, cancel)
+	return r.forwardAnswers(ctx, method, ss, cs)
+}
+
+// forwardRequests pumps the caller's messages to the backend until the
+// caller ends its side (passed on) or fails (the call is cancelled).
+func forwardRequests(ss grpc.ServerStream, cs grpc.ClientStream, cancel func()) {
+	for {
+		var f Frame
+		if err := ss.RecvMsg(&f); err != nil {
+			if errors.Is(err, io.EOF) {
+				_ = cs.CloseSend()
+			} else {
+				cancel()
 			}
-			if err := cs.SendMsg(&f); err != nil {
-				return // the backend's error surfaces on RecvMsg below
-			}
+			return
 		}
-	}()
-	// backend -> caller
+		if err := cs.SendMsg(&f); err != nil {
+			return // the backend's error surfaces on RecvMsg in forwardAnswers
+		}
+	}
+}
+
+// forwardAnswers pumps the backend's messages to the caller, those the
+// method's stream filter lets through, until the backend ends the stream.
+func (r *Relay) forwardAnswers(ctx context.Context, method string, ss grpc.ServerStream, cs grpc.ClientStream) error {
 	filter := r.filters[method]
 	headerSent := false
 	for {
@@ -287,20 +295,7 @@ func (r *Relay) handleStream(ctx context.Context, method string, ss grpc.ServerS
 			headerSent = true
 		}
 		if err != nil {
-			if md := cs.Trailer(); len(md) > 0 {
-				ss.SetTrailer(md)
-			}
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			if status.Code(err) == codes.Canceled {
-				select {
-				case <-r.drain:
-					return status.Error(codes.Unavailable, "inplaced is shutting down")
-				default:
-				}
-			}
-			return err
+			return r.streamEnd(ss, cs, err)
 		}
 		if filter != nil && !filter(ctx, f.Data) {
 			continue
@@ -309,6 +304,26 @@ func (r *Relay) handleStream(ctx context.Context, method string, ss grpc.ServerS
 			return err
 		}
 	}
+}
+
+// streamEnd is what the caller gets when the backend ended its stream
+// with err: the backend's trailers and status, or Unavailable when the
+// call was cancelled because the relay drains.
+func (r *Relay) streamEnd(ss grpc.ServerStream, cs grpc.ClientStream, err error) error {
+	if md := cs.Trailer(); len(md) > 0 {
+		ss.SetTrailer(md)
+	}
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	if status.Code(err) == codes.Canceled {
+		select {
+		case <-r.drain:
+			return status.Error(codes.Unavailable, "inplaced is shutting down")
+		default:
+		}
+	}
+	return err
 }
 
 // outgoing turns the caller's metadata into metadata for the backend call.
