@@ -8,6 +8,28 @@
 // goes, the same way, to an in-process grpc.Server running the gRPC handler
 // described below (Relay.ServerOptions).
 //
+// The router, by file:
+//
+//   - server.go: Server, its listeners and sessions, the routes, the
+//     in-process connections to the gRPC handler.
+//   - session.go: one caller connection and the upstream connections it
+//     opened, under one lock; one reader goroutine per connection, whose
+//     loop is read a frame, handle it, then wait (pace.go) outside the lock.
+//   - conn.go: a connection of a session (peer), opening an upstream one,
+//     connection errors.
+//   - frames.go: what each frame read does.
+//   - request.go: the checks a request must pass, and the router's own
+//     answers to one that is not a gRPC call.
+//   - stream.go: a relayed stream, its state (streamState, halfState) and
+//     every transition of it.
+//   - flow.go: forwarding within the flow-control windows, what waits for
+//     one, the credit given back.
+//   - pace.go: pacing a caller that wastes our work, and the back-pressure
+//     of a peer that does not read; limits.go: the limits that end a
+//     connection.
+//   - headers.go, hpackenc.go: header blocks decoded and encoded; rawio.go:
+//     socket reads and writes that never wait under the lock (sockWriter).
+//
 // The gRPC handler:
 //
 //   - The server is created with grpc.UnknownServiceHandler and a codec that
