@@ -104,28 +104,27 @@ func (e *headerEncoder) block() {
 // field appends f to the block.
 func (e *headerEncoder) field(f hpack.HeaderField) {
 	slot := &e.recent[recentSlot(f)]
-	if !e.indexed(f, slot) {
-		e.literal(f, slot)
-	}
-}
-
-// indexed writes f as an indexed field, if the static table or a dynamic
-// entry still in the table holds it (and it may be indexed), and says
-// whether it did.
-func (e *headerEncoder) indexed(f hpack.HeaderField, slot *recentField) bool {
-	if f.Sensitive {
-		return false
-	}
-	if sameStrings(slot.name, f.Name) && sameStrings(slot.value, f.Value) {
+	if !f.Sensitive && sameStrings(slot.name, f.Name) && sameStrings(slot.value, f.Value) {
+		// Seen before, at the same addresses: most fields of most calls.
 		if slot.static != 0 {
 			e.buf = appendVarInt(e.buf, 7, 0x80, uint64(slot.static))
-			return true
+			return
 		}
 		if idx, ok := e.index(slot.entry); ok {
 			e.buf = appendVarInt(e.buf, 7, 0x80, idx)
-			return true
+			return
 		}
 	}
+	if !f.Sensitive && e.indexedPair(f, slot) {
+		return
+	}
+	e.literal(f, slot)
+}
+
+// indexedPair writes f as an indexed field if the static table or a
+// dynamic entry still in the table holds it, remembers where in slot, and
+// says whether it did.
+func (e *headerEncoder) indexedPair(f hpack.HeaderField, slot *recentField) bool {
 	if s := staticPair[pairKey{f.Name, f.Value}]; s != 0 {
 		*slot = recentField{name: f.Name, value: f.Value, static: s}
 		e.buf = appendVarInt(e.buf, 7, 0x80, uint64(s))

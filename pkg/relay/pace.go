@@ -48,29 +48,20 @@ func (pc *pacer) due() bool {
 	return true
 }
 
-// readerWait is what a reader waits for before its next frame.
+// readerWait is what a reader waits for before its next frame (session.read
+// fills it in under the lock, then waits outside it).
 type readerWait struct {
 	pause bool        // its caller is paced: pacePause
 	full  *sockWriter // a peer it feeds whose overflow is past maxOverflow
 }
 
-// afterFrame flushes what p's frames made us write once p's input buffer is
-// empty (so that frames that arrive together leave together) and says what
-// p's reader must wait for. It runs with the session's lock held.
-func (s *session) afterFrame(p *peer) readerWait {
-	var w readerWait
-	if p.br.Buffered() == 0 {
-		s.flush()
-		w.full = s.overflowing(p)
+// paused is told that p's reader will pause: what the wasted frames asked
+// for goes out first. It runs with the session's lock held.
+func (s *session) paused() {
+	s.flush()
+	if s.r.onPause != nil {
+		s.r.onPause()
 	}
-	if p == s.down && s.pace.due() {
-		w.pause = true
-		s.flush() // what the wasted frames asked for goes out first
-		if s.r.onPause != nil {
-			s.r.onPause()
-		}
-	}
-	return w
 }
 
 // wait waits, without the session's lock: the pause, then, while a peer is

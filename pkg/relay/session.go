@@ -86,9 +86,22 @@ func (s *session) read(p *peer) {
 			s.mu.Unlock()
 			return
 		}
-		w := s.afterFrame(p)
+		// Once p's input buffer is empty, what its frames made us write
+		// goes out (frames that arrive together leave together), and the
+		// reader looks at the peers it feeds for back-pressure.
+		var w readerWait
+		if p.br.Buffered() == 0 {
+			s.flush()
+			w.full = s.overflowing(p)
+		}
+		if p == s.down && s.pace.due() {
+			w.pause = true
+			s.paused()
+		}
 		s.mu.Unlock()
-		w.wait(s.r.ioTimeout)
+		if w.pause || w.full != nil {
+			w.wait(s.r.ioTimeout)
+		}
 	}
 }
 
