@@ -717,7 +717,7 @@ func (d *doc) dominates(b *strings.Builder) {
 			} else {
 				line += "; inplaced added no more than that"
 			}
-			line += ". No swap runs here, so none of the calls measured is intercepted: inplaced's HTTP/2 router (`pkg/relay/router.go`) " +
+			line += ". No swap runs here, so none of the calls measured is intercepted: inplaced's HTTP/2 router (`pkg/relay/server.go`) " +
 				"forwards each call's frames to its connection to containerd — it decodes the stream's headers to read `:path`, re-encodes them " +
 				"(HPACK) for the backend connection and keeps stream IDs and flow control per connection — with no gRPC server or client on the path."
 		}
