@@ -77,11 +77,13 @@ const (
 )
 
 // pullFailureKind reads the backend's pull error: containerd reports a
-// registry's 401/403 as "pull access denied ... authorization failed" or
-// "401 Unauthorized", a missing tag as "<ref>: not found".
+// registry's 401/403 as "pull access denied ... authorization failed",
+// "401 Unauthorized" or "403 Forbidden", a missing tag as "<ref>: not
+// found". Status codes are matched by their words only: the message names
+// the registry, whose port (127.0.0.1:40185) may hold the digits.
 func pullFailureKind(err error) string {
 	msg := strings.ToLower(err.Error())
-	for _, s := range []string{"401", "403", "unauthorized", "access denied", "authorization failed", "no basic auth credentials", "forbidden", "denied:"} {
+	for _, s := range []string{"unauthorized", "access denied", "authorization failed", "no basic auth credentials", "forbidden", "denied:"} {
 		if strings.Contains(msg, s) {
 			return pullUnauthorized
 		}
