@@ -150,7 +150,7 @@ func (i *Interceptors) stopContainer(ctx context.Context, req *runtimeapi.StopCo
 	next func(context.Context, *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error),
 ) (*runtimeapi.StopContainerResponse, error) {
 	if i.holder != nil {
-		d, err := i.holder.HoldStop(ctx, req)
+		d, err := i.holder.SwapInsteadOfStop(ctx, req)
 		if d.Adopt != nil {
 			i.offerAdoption(d.Adopt)
 		}
