@@ -443,8 +443,10 @@ func (h *Held) releaseLocked(port uint16, reason string) {
 	pr := PortResult{Port: port, Reason: reason}
 	if h.q != nil && reason == ReasonListening && !h.oneBatch {
 		// While the rule stays, a SYN that comes meanwhile is parked
-		// behind the others instead of racing them for the accept queue.
-		errs = append(errs, h.pace(port, &pr))
+		// behind the others instead of racing them for the accept queue;
+		// the rule goes once the new listener has taken what was parked,
+		// so that the SYNs that come straight to it find room.
+		errs = append(errs, h.paceUntilTaken(port, &pr))
 	}
 	errs = append(errs, h.rs.unhold(port))
 	if h.q != nil {
@@ -460,6 +462,36 @@ func (h *Held) releaseLocked(port uint16, reason string) {
 	if err := errors.Join(errs...); err != nil && h.result.Err == nil {
 		h.result.Err = fmt.Errorf("release port %d: %w", port, err)
 	}
+}
+
+// paceUntilTaken paces the parked SYNs until none is left and the new
+// listener's accept queue is empty, bounded by paceFor.
+func (h *Held) paceUntilTaken(port uint16, pr *PortResult) error {
+	deadline := time.Now().Add(paceFor)
+	for {
+		if err := h.pace(port, pr); err != nil {
+			return err
+		}
+		if h.taken(port) || !time.Now().Before(deadline) {
+			return nil
+		}
+		time.Sleep(pollEvery / 4)
+	}
+}
+
+// taken reports whether the new listeners of port have accepted every
+// connection in their queue (or are gone: nothing to wait for).
+func (h *Held) taken(port uint16) bool {
+	ls, err := h.d.listeners()
+	if err != nil {
+		return true
+	}
+	for _, l := range ls {
+		if l.port == port && !h.before[l.inode] && l.rqueue > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // pace accepts the SYNs parked on port in batches that fit the new
