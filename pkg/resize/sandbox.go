@@ -16,17 +16,10 @@ import (
 	"github.com/inplaced/inplaced/pkg/swap"
 )
 
-// sandboxVerbose is the part of containerd's verbose PodSandboxStatus info a
-// resize uses: the runtime type (for handlers in no table) and the sandbox
-// config kubelet sent, with the pod overhead of its RuntimeClass.
-type sandboxVerbose struct {
-	RuntimeType string                       `json:"runtimeType"`
-	Config      *runtimeapi.PodSandboxConfig `json:"config"`
-}
-
-// overhead is the pod overhead the sandbox config declares, else def.
-func (s sandboxVerbose) overhead(def runtimeclass.Overhead) runtimeclass.Overhead {
-	oh := s.Config.GetLinux().GetOverhead()
+// overhead is the pod overhead the sandbox config kubelet sent declares
+// (kubelet passes its RuntimeClass's there), else def; cfg may be nil.
+func overhead(cfg *runtimeapi.PodSandboxConfig, def runtimeclass.Overhead) runtimeclass.Overhead {
+	oh := cfg.GetLinux().GetOverhead()
 	if oh == nil || (oh.GetCpuQuota() <= 0 && oh.GetMemoryLimitInBytes() <= 0) {
 		return def
 	}

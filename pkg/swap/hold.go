@@ -196,23 +196,6 @@ func declaredPorts(cfg *runtimeapi.ContainerConfig) []uint16 {
 	return out
 }
 
-// procInfo reads the container's pid from the backend's verbose status
-// (containerd: "pid") and names the sandbox's network namespace: the one
-// its runtime spec names, else its process's.
-func procInfo(st *runtimeapi.ContainerStatusResponse, sb sandboxIdentity) (pid int, netns string) {
-	var c struct {
-		Pid int `json:"pid"`
-	}
-	_ = json.Unmarshal([]byte(st.GetInfo()["info"]), &c)
-	switch {
-	case sb.netns != "":
-		return c.Pid, sb.netns
-	case sb.pid > 0:
-		return c.Pid, fmt.Sprintf("/proc/%d/ns/net", sb.pid)
-	}
-	return c.Pid, ""
-}
-
 // connectionHold decides what the swap does about new connections: the
 // engine's defaults and the pod's annotations (planHold), and no hold where
 // the sandbox runs a network stack of its own. A kubelet-driven swap never

@@ -11,6 +11,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/criinfo"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
@@ -61,15 +62,20 @@ func TestDeclaredPorts(t *testing.T) {
 	}
 }
 
-func TestProcInfo(t *testing.T) {
-	st := &runtimeapi.ContainerStatusResponse{Info: map[string]string{"info": `{"pid":4242}`}}
-	ps := &runtimeapi.PodSandboxStatusResponse{Info: map[string]string{"info": `{"pid":17,"runtimeSpec":{"linux":{"namespaces":[{"type":"pid"},{"type":"network","path":"/var/run/netns/cni-1"}]}}}`}}
-	if pid, ns := procInfo(st, identityOf(ps)); pid != 4242 || ns != "/var/run/netns/cni-1" {
-		t.Errorf("procInfo = %d, %s", pid, ns)
-	}
-	ps.Info["info"] = `{"pid":17}`
-	if _, ns := procInfo(st, identityOf(ps)); ns != "/proc/17/ns/net" {
-		t.Errorf("procInfo without a netns path = %s", ns)
+// The hold goes into the network namespace the sandbox's spec names, else
+// its process's.
+func TestNetnsPath(t *testing.T) {
+	for _, tc := range []struct {
+		info, want string
+	}{
+		{`{"pid":17,"runtimeSpec":{"linux":{"namespaces":[{"type":"pid"},{"type":"network","path":"/var/run/netns/cni-1"}]}}}`, "/var/run/netns/cni-1"},
+		{`{"pid":17}`, "/proc/17/ns/net"},
+		{`{}`, ""},
+	} {
+		id := identityOf(&runtimeapi.PodSandboxStatus{}, criinfo.SandboxOf(map[string]string{"info": tc.info}))
+		if got := id.netnsPath(); got != tc.want {
+			t.Errorf("%s: netnsPath = %q, want %q", tc.info, got, tc.want)
+		}
 	}
 }
 

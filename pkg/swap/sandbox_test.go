@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/inplaced/inplaced/pkg/criinfo"
 )
 
 func TestIdentityOf(t *testing.T) {
@@ -12,12 +14,12 @@ func TestIdentityOf(t *testing.T) {
 		Info:   map[string]string{"info": `{"pid":42,"runtimeSpec":{"linux":{"namespaces":[{"type":"pid"},{"type":"network","path":"/var/run/netns/cni-1"}]}}}`},
 	}
 	want := sandboxIdentity{handler: "runsc", ip: "10.0.0.2", netns: "/var/run/netns/cni-1", pid: 42}
-	if got := identityOf(ps); got != want {
+	if got := identityOf(ps.Status, criinfo.SandboxOf(ps.Info)); got != want {
 		t.Errorf("identityOf = %+v, want %+v", got, want)
 	}
 	// A rebuilt sandbox process (a new sentry or VM) is a different identity.
 	ps.Info["info"] = `{"pid":43,"runtimeSpec":{"linux":{"namespaces":[{"type":"network","path":"/var/run/netns/cni-1"}]}}}`
-	if identityOf(ps) == want {
+	if identityOf(ps.Status, criinfo.SandboxOf(ps.Info)) == want {
 		t.Error("a new sandbox pid compares equal")
 	}
 }
