@@ -53,11 +53,13 @@ type Config struct {
 	// running swap on it.
 	FenceTimeout Duration `json:"fenceTimeout"`
 	// RuntimeClasses say where each runtime handler's sandboxes have their
-	// CPU and memory limits enforced, in front of the built-in table (runc,
-	// crun: container-cgroups; runsc: sandbox-cgroup; kata*: vm; other
-	// handlers by the runtime type containerd reports, else treated as
-	// unknown: through the runtime only, nothing claimed as verified). See
-	// package runtimeclass.
+	// CPU and memory limits enforced and whose network stack their sockets
+	// live in, in front of the built-in table (runc, crun: container-cgroups
+	// on the host kernel; runsc: sandbox-cgroup, kata*: vm, each with a
+	// network stack of its own; other handlers by the runtime type
+	// containerd reports, else treated as unknown: resized through the
+	// runtime only, nothing claimed as verified, the connection hold
+	// tried). See package runtimeclass.
 	RuntimeClasses []RuntimeClass `json:"runtimeClasses"`
 	// VMRuntimeHandlers is the older spelling of runtimeClasses entries with
 	// enforcement vm; kept so that existing config files still load.
@@ -339,6 +341,12 @@ type RuntimeClass struct {
 	Handler string `json:"handler"`
 	// Enforcement is container-cgroups, sandbox-cgroup or vm.
 	Enforcement string `json:"enforcement"`
+	// NetworkStack is whose network stack the sandbox's sockets live in:
+	// host-kernel (the pod's network namespace, where a swap's connection
+	// hold sees the new process listen) or sandbox (a stack of the
+	// sandbox's own: the hold is off). Empty: host-kernel for
+	// container-cgroups, sandbox for sandbox-cgroup and vm.
+	NetworkStack string `json:"networkStack"`
 	// PodOverhead is added to the sum of the containers' limits for a
 	// sandbox-cgroup pod whose sandbox config declares no overhead of its own
 	// (kubelet passes a RuntimeClass's overhead there).
@@ -354,7 +362,8 @@ func (c Config) RuntimeClassTable() (*runtimeclass.Table, error) {
 	var classes []runtimeclass.Class
 	named := map[string]bool{}
 	for _, rc := range c.RuntimeClasses {
-		cl := runtimeclass.Class{Handler: rc.Handler, Enforcement: runtimeclass.Enforcement(rc.Enforcement)}
+		cl := runtimeclass.Class{Handler: rc.Handler, Enforcement: runtimeclass.Enforcement(rc.Enforcement),
+			NetworkStack: runtimeclass.NetworkStack(rc.NetworkStack)}
 		if q := rc.PodOverhead.CPU; q != nil {
 			cl.Overhead.CPUMillis = q.MilliValue()
 		}

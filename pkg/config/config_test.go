@@ -211,6 +211,9 @@ runtimeClasses:
   podOverhead: {cpu: 250m, memory: 64Mi}
 - handler: secure*
   enforcement: vm
+- handler: runsc-hostnet
+  enforcement: sandbox-cgroup
+  networkStack: host-kernel
 vmRuntimeHandlers: [kata-old]
 `), 0o644); err != nil {
 		t.Fatal(err)
@@ -230,11 +233,22 @@ vmRuntimeHandlers: [kata-old]
 		t.Errorf("kata-fc: %+v", cl)
 	}
 	for _, h := range []string{"secure-1", "kata-old"} {
-		if cl := tab.Lookup(h, ""); cl.Enforcement != runtimeclass.VM || cl.Source != "config" {
-			t.Errorf("%s: %+v, want vm from config", h, cl)
+		if cl := tab.Lookup(h, ""); cl.Enforcement != runtimeclass.VM || cl.Source != "config" || !cl.OwnNetworkStack() {
+			t.Errorf("%s: %+v, want vm with a network stack of its own from config", h, cl)
 		}
 	}
+	if cl := tab.Lookup("runsc-hostnet", ""); cl.Enforcement != runtimeclass.SandboxCgroup || cl.NetworkStack != runtimeclass.HostKernel {
+		t.Errorf("runsc-hostnet: %+v, want sandbox-cgroup on the host kernel's network stack", cl)
+	}
+	if cl := tab.Lookup("kata-fc", ""); cl.NetworkStack != runtimeclass.SandboxStack {
+		t.Errorf("kata-fc names no network stack: %+v, want the sandbox's, as every sandbox-cgroup runtime known", cl)
+	}
 
+	c.RuntimeClasses[2].NetworkStack = "host"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), `network stack "host": want host-kernel or sandbox`) {
+		t.Errorf("Validate of a bad network stack: %v", err)
+	}
+	c.RuntimeClasses[2].NetworkStack = ""
 	c.RuntimeClasses[1].Enforcement = "cgroups"
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), `enforcement "cgroups": want container-cgroups, sandbox-cgroup or vm`) {
 		t.Errorf("Validate of a bad enforcement: %v", err)

@@ -99,7 +99,11 @@ func New(o Options) (*Resizer, error) {
 	r := &Resizer{rt: o.Runtime, cg: o.Cgroups, store: o.Store, fences: o.Fences,
 		classes: o.Classes, log: o.Logger, timeout: o.Timeout, now: o.Now}
 	if r.classes == nil {
-		r.classes, _ = runtimeclass.New(nil) // the built-in table alone is valid
+		builtin, err := runtimeclass.New(nil)
+		if err != nil {
+			return nil, fmt.Errorf("resize.New: the built-in runtime classes: %w", err)
+		}
+		r.classes = builtin
 	}
 	if r.log == nil {
 		r.log = zap.NewNop()

@@ -203,7 +203,7 @@ func declaredPorts(cfg *runtimeapi.ContainerConfig) []uint16 {
 // record and the pod's events say so instead.
 func (r *run) connectionHold() holdPlan {
 	plan := planHold(r.e.holdMode, r.e.holdMax, r.e.holder != nil, r.oldReq.SandboxConfig)
-	if why := ownNetworkStack(r.t.identity); why != "" && plan.mode != HoldOff {
+	if why := r.e.ownNetworkStack(r.t.identity); why != "" && plan.mode != HoldOff {
 		plan.mode, plan.why = HoldOff, why
 	}
 	if r.rec.Kind == KindKubelet || r.e.listenersOptional {

@@ -55,21 +55,17 @@ func (e *Engine) sandboxKept(sandboxID string, before sandboxIdentity) bool {
 	return identityOf(ps.GetStatus(), criinfo.SandboxOf(ps.GetInfo())) == before
 }
 
-// builtinClasses is the runtime class table without the config file's
-// entries: a handler's class decides here only whether the sandbox has a
-// network stack of its own, which no resize setting changes.
-var builtinClasses, _ = runtimeclass.New(nil)
-
 // ownNetworkStack says why a connection hold cannot work in this sandbox,
 // or "" when it can. gVisor's sentry runs its own TCP/IP stack and a Kata
 // VM its own kernel: their listening sockets are not sockets of the pod's
 // network namespace, so a hold there could never see the new process
 // listen and would only run to its limit.
-func ownNetworkStack(id sandboxIdentity) string {
-	c := builtinClasses.Lookup(id.handler, id.runtimeType)
-	switch c.Enforcement {
-	case runtimeclass.SandboxCgroup, runtimeclass.VM:
-		return fmt.Sprintf("off: runtime handler %q (%s) runs its own network stack inside the sandbox, whose listeners a hold in the pod's network namespace cannot see", id.handler, c.Enforcement)
+func (e *Engine) ownNetworkStack(id sandboxIdentity) string {
+	c := e.classes.Lookup(id.handler, id.runtimeType)
+	if !c.OwnNetworkStack() {
+		return ""
 	}
-	return ""
+	return fmt.Sprintf("off: runtime handler %q runs its own network stack inside the sandbox, whose listeners a hold in the pod's network namespace cannot see "+
+		"(runtime class: %s; a handler whose sockets live on the host kernel is declared in runtimeClasses with networkStack: %s)",
+		id.handler, c.Source, runtimeclass.HostKernel)
 }

@@ -6,6 +6,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/criinfo"
+	"github.com/inplaced/inplaced/pkg/runtimeclass"
 )
 
 func TestIdentityOf(t *testing.T) {
@@ -24,7 +25,17 @@ func TestIdentityOf(t *testing.T) {
 	}
 }
 
+// Whether a hold is tried follows the runtime class's network stack, the
+// configured classes first.
 func TestOwnNetworkStack(t *testing.T) {
+	classes, err := runtimeclass.New([]runtimeclass.Class{
+		{Handler: "runsc-hostnet", Enforcement: runtimeclass.SandboxCgroup, NetworkStack: runtimeclass.HostKernel},
+		{Handler: "kata-fc", Enforcement: runtimeclass.SandboxCgroup},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &Engine{classes: classes}
 	for _, c := range []struct {
 		id   sandboxIdentity
 		hold bool
@@ -35,8 +46,10 @@ func TestOwnNetworkStack(t *testing.T) {
 		{sandboxIdentity{handler: "kata-qemu"}, false},
 		{sandboxIdentity{handler: "", runtimeType: "io.containerd.runsc.v1"}, false},
 		{sandboxIdentity{handler: "nvidia"}, true}, // unknown: the hold is tried
+		{sandboxIdentity{handler: "runsc-hostnet", runtimeType: "io.containerd.runsc.v1"}, true},
+		{sandboxIdentity{handler: "kata-fc"}, false},
 	} {
-		if why := ownNetworkStack(c.id); (why == "") != c.hold {
+		if why := e.ownNetworkStack(c.id); (why == "") != c.hold {
 			t.Errorf("%+v: %q, want hold %v", c.id, why, c.hold)
 		}
 	}
