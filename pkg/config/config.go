@@ -1,4 +1,4 @@
-// Package config holds inplaced's configuration: defaults in one place, a
+// Package config defines inplaced's configuration: defaults in one place, a
 // YAML file, and validation with errors that say what to change.
 package config
 
@@ -29,7 +29,7 @@ type Config struct {
 	RuntimeEndpoint string `json:"runtimeEndpoint"`
 	// ImageEndpoint is the backend image service; empty means RuntimeEndpoint.
 	ImageEndpoint string `json:"imageEndpoint"`
-	// StateDir holds the state store and swap journal.
+	// StateDir is where the state store and swap journal are kept.
 	StateDir string `json:"stateDir"`
 	// ControlSocket serves the inplaced control API.
 	ControlSocket string `json:"controlSocket"`

@@ -3,7 +3,7 @@
 // JSON document under the key "info". It is read here only, so that the
 // swap engine and the resizer agree on what it says.
 //
-// The members used, the same on containerd 1.6 and 2.x (testdata holds
+// The members used, the same on containerd 1.6 and 2.x (testdata has
 // both, as each wrote them for one pod):
 //
 //	pid          the container's init, or the sandbox's process (pause
@@ -139,7 +139,7 @@ func (c Container) RuntimeType() string { return c.in.RuntimeType }
 func (c Container) CgroupsPath() string { return c.in.RuntimeSpec.Linux.CgroupsPath }
 
 // Limits are the CPU and memory limits of the container's OCI spec, as
-// the runtime holds them now (every UpdateContainerResources moves them,
+// the runtime has them now (every UpdateContainerResources moves them,
 // on 1.6 as on 2.x); nil when the spec has no resources.
 func (c Container) Limits() *runtimeapi.LinuxContainerResources {
 	r := c.in.RuntimeSpec.Linux.Resources

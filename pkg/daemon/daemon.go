@@ -53,7 +53,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	return d.serve(ctx)
 }
 
-// daemon holds what Run builds, and the undo of each part (closers).
+// daemon is what Run builds, with the undo of each part (closers).
 type daemon struct {
 	cfg     config.Config
 	log     *zap.Logger

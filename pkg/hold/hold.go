@@ -249,7 +249,7 @@ func queueInUse() bool {
 func (h *Held) Mode() Mode  { return h.mode }
 func (h *Held) Why() string { return h.why }
 
-// Ports are the held ports; Table the nftables table holding them.
+// Ports are the held ports; Table the nftables table with their rules.
 func (h *Held) Ports() []uint16 { return slices.Clone(h.ports) }
 func (h *Held) Table() string   { return h.name }
 
@@ -354,7 +354,7 @@ func (h *Held) fresh(ls []listener) map[uint16]freshPort {
 		if h.before[l.inode] || !slices.Contains(h.ports, l.port) {
 			continue
 		}
-		// The accept queue holds backlog+1; a SYN released into a full
+		// The accept queue takes backlog+1; a SYN released into a full
 		// one is dropped and its client retransmits a second later. One
 		// slot stays free for a SYN that arrives meanwhile.
 		room := int(l.backlog) - int(l.rqueue)

@@ -55,7 +55,7 @@ type Options struct {
 	Cgroups *resources.Manager
 	// Store records every resize.
 	Store Recorder
-	// Fences, when set, make the control API refuse a container a swap holds.
+	// Fences, when set, make the control API refuse a container being swapped.
 	Fences *fence.Registry
 	// Classes say where each runtime handler's limits are enforced; nil:
 	// the built-in table (runtimeclass.New(nil)).
@@ -84,7 +84,7 @@ type Resizer struct {
 	// must not interleave with another resize of the same pod.
 	mu sync.Mutex
 
-	// missed holds kubelet's resizes that went to the backend without the
+	// missed keeps kubelet's resizes that went to the backend without the
 	// resizer (PassedThrough), by container ID, until RecordMissed writes
 	// them into the containers' recorded creates.
 	missedMu sync.Mutex
@@ -409,7 +409,7 @@ func (r *Resizer) run(ctx context.Context, o *op, start time.Time) (err error) {
 		return r.viaSandbox(ctx, o)
 	case o.class.Enforcement == runtimeclass.ContainerCgroups:
 		return r.viaCgroups(ctx, o)
-	default: // vm, unknown: nothing on the host holds the container
+	default: // vm, unknown: no host cgroup contains the container
 		return r.viaBackend(ctx, o)
 	}
 }

@@ -194,7 +194,7 @@ func (r *Resizer) others(ctx context.Context, o *op) ([]string, error) {
 	return names, nil
 }
 
-// sandboxLimits is what the pod cgroup of a sandbox holding one container
+// sandboxLimits is what the pod cgroup of a sandbox with one container
 // gets for that container's limits: each limit plus the pod overhead (as
 // kubelet sizes a pod cgroup), the CPU quota in the pod's own period, which
 // is never changed. Unlimited stays unlimited.
@@ -249,7 +249,7 @@ func raises(c resources.Cgroup, want resources.Limits) bool {
 		(want.CPUShares != nil && *want.CPUShares > c.CPUShares)
 }
 
-// limitsOf is what a cgroup holds, as Limits (to put it back).
+// limitsOf is what a cgroup is set to, as Limits (to put it back).
 func limitsOf(c resources.Cgroup) resources.Limits {
 	l := resources.Limits{CPUQuota: ptr(c.CPUQuota), MemoryLimit: ptr(c.MemoryLimit)}
 	if c.CPUShares > 0 {

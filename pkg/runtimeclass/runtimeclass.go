@@ -9,13 +9,13 @@
 //   - ContainerCgroups (runc, crun): every container's processes sit in a
 //     host cgroup of their own; its files are the container's limit.
 //   - SandboxCgroup (gVisor's runsc; Kata with sandbox_cgroup_only): the
-//     host governs only the whole sandbox, through the pod cgroup that holds
-//     it (gVisor's sentry and its stub processes, or the VMM). runsc applies
+//     host governs only the whole sandbox, through the pod cgroup that
+//     contains it (gVisor's sentry and its stub processes, or the VMM). runsc applies
 //     an update to the pod's root (pause) container only; for the others it
 //     just saves the spec. A per-container limit is enforced by nothing.
 //   - VM (Kata): the runtime hot-plugs vCPUs and memory for the sum of the
 //     containers' limits and sets cgroups inside the guest; no host cgroup
-//     holds a container, so nothing can be read back on the host.
+//     contains a container, so nothing can be read back on the host.
 //
 // A handler in no table is Unknown and treated like VM: resized through the
 // runtime only, and nothing is claimed as verified.

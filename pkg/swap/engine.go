@@ -22,7 +22,7 @@ import (
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
-// CrashAfterEnv names a test-only environment variable: when it holds a step
+// CrashAfterEnv names a test-only environment variable: when it names a step
 // name, inplaced kills itself with SIGKILL right after that step, so that the
 // e2e tests can prove recovery from a crash at every step.
 const CrashAfterEnv = "INPLACED_TEST_CRASH_AFTER"
@@ -92,7 +92,7 @@ type Options struct {
 	// can see a listener. nil: the built-in table.
 	Classes *runtimeclass.Table
 	// Holder (optional) keeps new connections from being refused while a
-	// container is swapped; nil holds nothing. ConnectionHold is the
+	// container is swapped; nil: no connection hold. ConnectionHold is the
 	// default mode (queue, drop or off; empty: queue) and HoldMax the
 	// default limit (0: DefaultHoldMax); pods override both by annotation.
 	Holder         Holder

@@ -33,9 +33,10 @@ const (
 	HoldOff   = "off"
 )
 
-// StepHold is the record entry of installing the hold (and quiescing the
-// old listener); the hold itself ends in the record's Hold.
-const StepHold = "hold"
+// StepConnectionHold is the step that installs the connection hold (and
+// quiesces the old listener), named "hold" in swap records and events as
+// users know it; the hold itself ends later, in the record's Hold.
+const StepConnectionHold = "hold"
 
 // quiesceMax bounds the wait for the old listener's accept queue to empty.
 const quiesceMax = 200 * time.Millisecond
@@ -267,7 +268,7 @@ func (r *run) watchHold(ctx context.Context, h ActiveHold) {
 		reason = HoldReleasedLimit
 	}
 	res := h.End(reason)
-	r.emit(StepHold, fmt.Sprintf("released %s after %s (%s): %d connection attempts parked", portList(res.Ports),
+	r.emit(StepConnectionHold, fmt.Sprintf("released %s after %s (%s): %d connection attempts parked", portList(res.Ports),
 		res.Duration.Round(time.Millisecond), res.Reason, res.Parked()))
 	r.holdDone <- res
 }

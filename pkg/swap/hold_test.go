@@ -184,8 +184,8 @@ func TestSwapHoldsConnections(t *testing.T) {
 	if got := h.Summary(); !strings.Contains(got, "8080: 31 parked, 7 batches of at most 5 (backlog 5), released: listening") {
 		t.Errorf("summary %q", got)
 	}
-	if !strings.Contains(stepNames(rec), StepHold) {
-		t.Errorf("steps %s: no %s", stepNames(rec), StepHold)
+	if !strings.Contains(stepNames(rec), StepConnectionHold) {
+		t.Errorf("steps %s: no %s", stepNames(rec), StepConnectionHold)
 	}
 }
 

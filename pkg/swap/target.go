@@ -23,7 +23,7 @@ type target struct {
 	sandbox   *runtimeapi.PodSandboxStatus
 	identity  sandboxIdentity                    // what the swap must leave as it is
 	request   *runtimeapi.CreateContainerRequest // recorded or adopted, with limits
-	// limits are the CPU and memory limits the runtime holds for the
+	// limits are the CPU and memory limits the runtime has for the
 	// container (runningLimits); nil when it does not say.
 	limits *runtimeapi.LinuxContainerResources
 	name   string
@@ -164,7 +164,7 @@ func short(id string) string {
 	return id
 }
 
-// runningLimits are the CPU and memory limits the runtime holds for a
+// runningLimits are the CPU and memory limits the runtime has for a
 // container now: the OCI spec in its verbose status (containerd keeps it
 // and every UpdateContainerResources moves it, on 1.6 as on 2.x), else the
 // CRI status' resources; nil when neither says. A swap's new container and
