@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
+	"github.com/inplaced/inplaced/pkg/holdmode"
 	"github.com/inplaced/inplaced/pkg/runtimeclass"
 )
 
@@ -133,7 +134,7 @@ func Default() Config {
 		AffinityDrift:    "warn",
 		KubeletRootDir:   "/var/lib/kubelet",
 		Relay:            "router",
-		ConnectionHold:   "queue",
+		ConnectionHold:   string(holdmode.Default),
 		HoldMax:          Duration(10 * time.Second),
 		RequireListeners: true,
 	}
@@ -204,7 +205,7 @@ func (c Config) EffectiveImageEndpoint() string {
 func (c Config) Validate() error {
 	var errs []error
 	for _, check := range []func() []error{
-		c.socketProblems, c.endpointProblems, c.wordProblems, c.holdMaxProblems,
+		c.socketProblems, c.endpointProblems, c.wordProblems, c.holdProblems,
 		c.metricsProblems, c.kubernetesProblems, c.timeoutProblems,
 	} {
 		errs = append(errs, check()...)
@@ -258,13 +259,22 @@ func (c Config) wordProblems() []error {
 		{"on-pull-failure", c.OnPullFailure, []string{"keep-running", "pass-through"}},
 		{"affinity-drift", c.AffinityDrift, []string{"warn", "refuse"}},
 		{"relay", c.Relay, []string{"router (the default)", "grpc"}},
-		{"connection-hold", c.ConnectionHold, []string{"queue", "drop", "off"}},
 	} {
 		if !slices.ContainsFunc(e.want, func(w string) bool { first, _, _ := strings.Cut(w, " "); return first == e.value }) {
 			errs = append(errs, fmt.Errorf("--%s %q: want %s", e.name, e.value, oneOf(e.want)))
 		}
 	}
 	return errs
+}
+
+// holdProblems: a swap's connection hold, its mode (read as the swap
+// engine and the pod annotation read it) and its bound.
+func (c Config) holdProblems() []error {
+	var errs []error
+	if _, err := holdmode.Parse(c.ConnectionHold); err != nil {
+		errs = append(errs, fmt.Errorf("--connection-hold %w", err))
+	}
+	return append(errs, c.holdMaxProblems()...)
 }
 
 // holdMaxProblems: the bound of a swap's connection hold.

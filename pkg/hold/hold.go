@@ -11,28 +11,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/inplaced/inplaced/pkg/holdmode"
 )
-
-// Mode is how connection attempts are held.
-type Mode string
-
-const (
-	// ModeQueue parks SYNs in NFQUEUE and accepts them when the port listens.
-	ModeQueue Mode = "queue"
-	// ModeDrop drops SYNs during the window; clients retransmit (~1 s).
-	ModeDrop Mode = "drop"
-	// ModeOff holds nothing.
-	ModeOff Mode = "off"
-)
-
-// ParseMode reads a mode as the flag and the annotation spell it.
-func ParseMode(s string) (Mode, error) {
-	switch m := Mode(strings.TrimSpace(strings.ToLower(s))); m {
-	case ModeQueue, ModeDrop, ModeOff:
-		return m, nil
-	}
-	return "", fmt.Errorf("connection hold %q: use queue, drop or off", s)
-}
 
 // Release reasons.
 const (
@@ -75,7 +56,7 @@ type PortResult struct {
 
 // Result is how a hold ended.
 type Result struct {
-	Mode  Mode
+	Mode  holdmode.Mode
 	Ports []PortResult
 	// Duration is from the install to the last release.
 	Duration time.Duration
@@ -95,7 +76,7 @@ func (r Result) Parked() int {
 
 // Held is a hold in place.
 type Held struct {
-	mode Mode
+	mode holdmode.Mode
 	why  string
 	ns   *os.File
 	d    *diag
@@ -123,8 +104,8 @@ type Held struct {
 // Hold installs a hold on ports in the network namespace at netnsPath. The
 // mode used may be weaker than asked (queue → drop): Mode and Why say. When
 // it returns an error nothing is installed.
-func Hold(ctx context.Context, netnsPath string, ports []uint16, mode Mode, opts ...Option) (h *Held, retErr error) {
-	if mode != ModeQueue && mode != ModeDrop {
+func Hold(ctx context.Context, netnsPath string, ports []uint16, mode holdmode.Mode, opts ...Option) (h *Held, retErr error) {
+	if mode != holdmode.Queue && mode != holdmode.Drop {
 		return nil, fmt.Errorf("hold: mode %q holds nothing", mode)
 	}
 	if len(ports) == 0 || len(ports) > MaxPorts {
@@ -148,7 +129,7 @@ func Hold(ctx context.Context, netnsPath string, ports []uint16, mode Mode, opts
 		if h.d, err = newDiag(); err != nil {
 			return err
 		}
-		if mode == ModeQueue {
+		if mode == holdmode.Queue {
 			others = queueInUse()
 		}
 		return nil
@@ -167,7 +148,7 @@ func Hold(ctx context.Context, netnsPath string, ports []uint16, mode Mode, opts
 		}
 	}
 	if others {
-		h.mode, h.why = ModeDrop, "another program uses nfnetlink_queue in this network namespace"
+		h.mode, h.why = holdmode.Drop, "another program uses nfnetlink_queue in this network namespace"
 	}
 	if err := h.installFreeSlot(ctx); err != nil {
 		return nil, err
@@ -188,10 +169,10 @@ func (h *Held) installFreeSlot(ctx context.Context) error {
 			return nil
 		}
 		if !errors.Is(err, unix.EEXIST) && !errors.Is(err, unix.EBUSY) && !errors.Is(err, unix.EPERM) {
-			if h.mode == ModeQueue {
+			if h.mode == holdmode.Queue {
 				// Never hold what cannot be released: no queue, no
 				// queue rule. Drop needs no userspace part.
-				h.mode, h.why = ModeDrop, fmt.Sprintf("queue unusable: %v", err)
+				h.mode, h.why = holdmode.Drop, fmt.Sprintf("queue unusable: %v", err)
 				slot--
 				continue
 			}
@@ -208,8 +189,8 @@ func (h *Held) installSlot(slot int) error {
 	for i, p := range h.ports {
 		h.num[p] = uint16(queueBase + slot*MaxPorts + i)
 	}
-	a := action{drop: h.mode == ModeDrop, num: h.num}
-	if h.mode == ModeQueue {
+	a := action{drop: h.mode == holdmode.Drop, num: h.num}
+	if h.mode == holdmode.Queue {
 		if err := inNetNS(h.ns, func() (err error) { h.q, err = newQueue(); return err }); err != nil {
 			return err
 		}
@@ -246,8 +227,8 @@ func queueInUse() bool {
 
 // Mode is the mode in place; Why says why it is not the one asked, or how
 // it was installed (empty when as asked, natively).
-func (h *Held) Mode() Mode  { return h.mode }
-func (h *Held) Why() string { return h.why }
+func (h *Held) Mode() holdmode.Mode { return h.mode }
+func (h *Held) Why() string         { return h.why }
 
 // Ports are the held ports; Table the nftables table with their rules.
 func (h *Held) Ports() []uint16 { return slices.Clone(h.ports) }

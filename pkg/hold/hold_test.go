@@ -5,17 +5,6 @@ import (
 	"testing"
 )
 
-func TestParseMode(t *testing.T) {
-	for in, want := range map[string]Mode{"queue": ModeQueue, " Drop": ModeDrop, "off": ModeOff} {
-		if got, err := ParseMode(in); err != nil || got != want {
-			t.Errorf("ParseMode(%q) = %q, %v", in, got, err)
-		}
-	}
-	if _, err := ParseMode("hold"); err == nil {
-		t.Error("ParseMode(hold): no error")
-	}
-}
-
 func TestClassify(t *testing.T) {
 	ls := []listener{
 		{port: 8080, inode: 1}, {port: 8080, inode: 2}, // v4 and v6 of the container

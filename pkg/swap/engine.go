@@ -16,6 +16,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/fence"
+	"github.com/inplaced/inplaced/pkg/holdmode"
 	"github.com/inplaced/inplaced/pkg/kubeletview"
 	"github.com/inplaced/inplaced/pkg/runtimeclass"
 	"github.com/inplaced/inplaced/pkg/store"
@@ -63,7 +64,7 @@ type Engine struct {
 	classes *runtimeclass.Table
 
 	holder            Holder
-	holdMode          string
+	holdMode          holdmode.Mode
 	holdMax           time.Duration
 	listenersOptional bool
 
@@ -93,8 +94,9 @@ type Options struct {
 	Classes *runtimeclass.Table
 	// Holder (optional) keeps new connections from being refused while a
 	// container is swapped; nil: no connection hold. ConnectionHold is the
-	// default mode (queue, drop or off; empty: queue) and HoldMax the
-	// default limit (0: DefaultHoldMax); pods override both by annotation.
+	// default mode as --connection-hold spells it (read by holdmode.Parse;
+	// empty: holdmode.Default) and HoldMax the default limit (0:
+	// DefaultHoldMax); pods override both by annotation.
 	Holder         Holder
 	ConnectionHold string
 	HoldMax        time.Duration
@@ -162,12 +164,13 @@ func classesOrBuiltin(t *runtimeclass.Table) (*runtimeclass.Table, error) {
 
 // holdDefaults checks the engine's connection hold defaults and fills in
 // what is not set.
-func holdDefaults(mode string, holdMax time.Duration) (string, time.Duration, error) {
-	if mode == "" {
-		mode = HoldQueue
-	}
-	if mode != HoldQueue && mode != HoldDrop && mode != HoldOff {
-		return "", 0, fmt.Errorf("swap.New: connection hold %q: use queue, drop or off", mode)
+func holdDefaults(modeWord string, holdMax time.Duration) (holdmode.Mode, time.Duration, error) {
+	mode := holdmode.Default
+	if modeWord != "" {
+		var err error
+		if mode, err = holdmode.Parse(modeWord); err != nil {
+			return "", 0, fmt.Errorf("swap.New: connection hold %w", err)
+		}
 	}
 	if holdMax == 0 {
 		holdMax = DefaultHoldMax

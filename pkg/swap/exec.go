@@ -11,6 +11,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/fence"
+	"github.com/inplaced/inplaced/pkg/holdmode"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
@@ -62,7 +63,7 @@ func (r *run) execute(ctx context.Context) {
 // spec is what the swap's plan depends on.
 func (r *run) spec() planSpec {
 	return planSpec{kind: r.rec.Kind, drain: r.hooks.BeforeStop != nil, specHash: r.hooks.SpecHash != "",
-		preStop: !r.opts.GetSkipPreStop(), postStart: r.opts.GetPostStart() != nil, hold: r.hold.mode != HoldOff}
+		preStop: !r.opts.GetSkipPreStop(), postStart: r.opts.GetPostStart() != nil, hold: r.hold.mode != holdmode.Off}
 }
 
 // run carries out one step: a shown step is journaled, timed and reported
