@@ -330,7 +330,7 @@ func (d *daemon) shutDown(srv *relay.Server, fromSystemd bool, stopSide func()) 
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	// systemd's socket outlives this process: what comes during the drain
-	// is held for the next one. A socket of our own goes with us.
+	// waits in its queue for the next one. A socket of our own goes with us.
 	mode := relay.Refuse
 	if fromSystemd {
 		mode = relay.HandOff
