@@ -294,7 +294,6 @@ type pod struct {
 	// request makes the pod Burstable: kubepods-burstable-pod<uid>.slice.
 	cpuReq, cpuLim, memReq, memLim string
 	readinessHTTP                  int
-	annotations                    map[string]string
 }
 
 const container = "app"
@@ -335,7 +334,7 @@ func (p pod) manifest() []byte {
 	}
 	m := map[string]any{
 		"apiVersion": "v1", "kind": "Pod",
-		"metadata": map[string]any{"name": p.name, "namespace": "default", "annotations": p.annotations},
+		"metadata": map[string]any{"name": p.name, "namespace": "default"},
 		"spec":     map[string]any{"containers": []any{c}, "terminationGracePeriodSeconds": 2, "enableServiceLinks": false},
 	}
 	b, _ := json.MarshalIndent(m, "", "  ")
