@@ -31,9 +31,22 @@ type fieldError struct {
 
 func (e *fieldError) Error() string { return fmt.Sprintf("%s: %s", e.field, e.why) }
 
-// checkImmutable refuses what cannot change in place. The control API
-// carries these fields so that a request for them fails loudly.
+// checkImmutable refuses what cannot change in place, and values no
+// container could be created with. The control API carries the immutable
+// fields so that a request for them fails loudly rather than being dropped.
 func checkImmutable(c *inplacedv1.Change) error {
+	if err := checkCreateOnlyFields(c); err != nil {
+		return err
+	}
+	if err := checkEnvNames(c); err != nil {
+		return err
+	}
+	return checkValues(c)
+}
+
+// checkCreateOnlyFields refuses the fields a runtime sets when it creates a
+// container and never after: changing them means a new pod.
+func checkCreateOnlyFields(c *inplacedv1.Change) error {
 	const recreate = "cannot change in place: the pod must be recreated"
 	switch {
 	case len(c.GetMounts()) > 0:
@@ -49,11 +62,25 @@ func checkImmutable(c *inplacedv1.Change) error {
 	case len(c.GetAddCapabilities()) > 0:
 		return &fieldError{"add_capabilities", "security context " + recreate}
 	}
+	return nil
+}
+
+// checkEnvNames refuses variable names the environment cannot carry: an
+// empty name, or one with '=' or NUL, does not survive being written as
+// NAME=VALUE and read back.
+func checkEnvNames(c *inplacedv1.Change) error {
 	for k := range c.GetSetEnv() {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			return &fieldError{"env", fmt.Sprintf("invalid variable name %q", k)}
 		}
 	}
+	return nil
+}
+
+// checkValues refuses an image or resources no container could be created
+// with, so that the request fails as invalid before any target is resolved
+// or any image pulled.
+func checkValues(c *inplacedv1.Change) error {
 	if c.Image != nil && strings.TrimSpace(c.GetImage()) == "" {
 		return &fieldError{"image", "empty image reference"}
 	}

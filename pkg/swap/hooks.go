@@ -133,81 +133,130 @@ func (r *run) podIP() string {
 }
 
 // probe runs one handler: exec (through CRI ExecSync), httpGet against the
-// pod IP, tcp connect, or sleep.
+// pod IP, tcp connect, or sleep. A handler that sets none of them passes.
 func (e *Engine) probe(ctx context.Context, containerID, podIP string, h *inplacedv1.Handler, limit time.Duration) error {
 	switch {
 	case len(h.Exec) > 0:
-		timeout := int64(limit / time.Second)
-		if timeout < 1 {
-			timeout = 1
-		}
-		resp, err := e.rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: containerID, Cmd: h.Exec, Timeout: timeout})
-		if err != nil {
-			return fmt.Errorf("exec %q: %w", h.Exec, err)
-		}
-		if resp.ExitCode != 0 {
-			return fmt.Errorf("exec %q exited %d: %s", h.Exec, resp.ExitCode, strings.TrimSpace(string(resp.Stderr)))
-		}
-		return nil
+		return e.execProbe(ctx, containerID, h.Exec, limit)
 	case h.HttpGet != nil:
-		g := h.HttpGet
-		host := g.Host
-		if host == "" {
-			host = podIP
-		}
-		if host == "" {
-			return fmt.Errorf("httpGet: the pod has no IP and no host was given")
-		}
-		scheme := strings.ToLower(g.Scheme)
-		if scheme == "" {
-			scheme = "http"
-		}
-		path := g.Path
-		if !strings.HasPrefix(path, "/") {
-			path = "/" + path
-		}
-		url := fmt.Sprintf("%s://%s%s", scheme, net.JoinHostPort(host, strconv.Itoa(int(g.Port))), path)
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		// Like kubelet's probes: a self-signed pod certificate is not an error.
-		client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-		resp, err := client.Do(req)
-		if err != nil {
-			return fmt.Errorf("GET %s: %w", url, err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode < 200 || resp.StatusCode >= 400 {
-			return fmt.Errorf("GET %s: %s", url, resp.Status)
-		}
-		return nil
+		return httpGetProbe(ctx, podIP, h.HttpGet)
 	case h.TcpPort > 0:
-		addr := net.JoinHostPort(podIP, strconv.Itoa(int(h.TcpPort)))
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "tcp", addr)
-		if err != nil {
-			return fmt.Errorf("tcp %s: %w", addr, err)
-		}
-		return c.Close()
+		return tcpProbe(ctx, podIP, h.TcpPort)
 	case h.SleepSeconds > 0:
-		select {
-		case <-time.After(time.Duration(h.SleepSeconds) * time.Second):
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		return sleepProbe(ctx, time.Duration(h.SleepSeconds)*time.Second)
 	}
 	return nil
+}
+
+// execProbe runs cmd in the container; a non-zero exit fails it, with the
+// command's stderr as the reason.
+func (e *Engine) execProbe(ctx context.Context, containerID string, cmd []string, limit time.Duration) error {
+	// ExecSync's timeout is in whole seconds and 0 means none: a limit under
+	// a second must still bound the command.
+	timeout := int64(limit / time.Second)
+	if timeout < 1 {
+		timeout = 1
+	}
+	resp, err := e.rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: containerID, Cmd: cmd, Timeout: timeout})
+	if err != nil {
+		return fmt.Errorf("exec %q: %w", cmd, err)
+	}
+	if resp.ExitCode != 0 {
+		return fmt.Errorf("exec %q exited %d: %s", cmd, resp.ExitCode, strings.TrimSpace(string(resp.Stderr)))
+	}
+	return nil
+}
+
+// httpGetProbe passes when a GET answers 2xx or 3xx, as kubelet's do.
+func httpGetProbe(ctx context.Context, podIP string, g *inplacedv1.HTTPGet) error {
+	url, err := httpGetURL(podIP, g)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	// Like kubelet's probes: a self-signed pod certificate is not an error.
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode >= 400 {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+// httpGetURL fills in what a pod spec may leave out, with kubelet's
+// defaults: the pod IP for the host, http for the scheme, / for the path.
+func httpGetURL(podIP string, g *inplacedv1.HTTPGet) (string, error) {
+	host := g.Host
+	if host == "" {
+		host = podIP
+	}
+	if host == "" {
+		return "", fmt.Errorf("httpGet: the pod has no IP and no host was given")
+	}
+	scheme := strings.ToLower(g.Scheme)
+	if scheme == "" {
+		scheme = "http"
+	}
+	path := g.Path
+	if !strings.HasPrefix(path, "/") {
+		path = "/" + path
+	}
+	return fmt.Sprintf("%s://%s%s", scheme, net.JoinHostPort(host, strconv.Itoa(int(g.Port))), path), nil
+}
+
+// tcpProbe passes when the pod accepts a connection on port.
+func tcpProbe(ctx context.Context, podIP string, port int64) error {
+	addr := net.JoinHostPort(podIP, strconv.Itoa(int(port)))
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("tcp %s: %w", addr, err)
+	}
+	return c.Close()
+}
+
+// sleepProbe waits d, or fails with the context's error when the handler's
+// limit or the swap ends first.
+func sleepProbe(ctx context.Context, d time.Duration) error {
+	select {
+	case <-time.After(d):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // healthGate: the new container must keep running for the minimum time and
 // pass the optional check within its timeout.
 func (r *run) healthGate(ctx context.Context, id string) error {
-	minRun := r.e.minRuntime
-	if ms := r.opts.GetMinRuntimeMs(); ms > 0 {
-		minRun = time.Duration(ms) * time.Millisecond
+	if err := r.staysRunning(ctx, id, r.minRunTime()); err != nil {
+		return err
 	}
+	check := r.opts.GetHealthCheck()
+	if check == nil {
+		return nil
+	}
+	return r.passesHealthCheck(ctx, id, check)
+}
+
+// minRunTime is the request's minimum runtime, else the engine's.
+func (r *run) minRunTime() time.Duration {
+	if ms := r.opts.GetMinRuntimeMs(); ms > 0 {
+		return time.Duration(ms) * time.Millisecond
+	}
+	return r.e.minRuntime
+}
+
+// staysRunning polls the new container until it has run for minRun; it
+// fails as soon as the container is seen not running.
+func (r *run) staysRunning(ctx context.Context, id string, minRun time.Duration) error {
 	deadline := r.e.now().Add(minRun)
 	for {
 		st, err := r.e.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
@@ -222,13 +271,11 @@ func (r *run) healthGate(ctx context.Context, id string) error {
 			}
 			return fmt.Errorf("status of new container: %w", err)
 		}
-		if s := st.GetStatus(); s.GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
-			return fmt.Errorf("new container %s is %s (exit code %d, reason %q) after %s",
-				short(id), s.GetState(), s.GetExitCode(), s.GetReason(),
-				time.Duration(s.GetFinishedAt()-s.GetStartedAt()).Round(time.Millisecond))
+		if err := notRunning(id, st.GetStatus()); err != nil {
+			return err
 		}
 		if !r.e.now().Before(deadline) {
-			break
+			return nil
 		}
 		select {
 		case <-ctx.Done():
@@ -236,14 +283,25 @@ func (r *run) healthGate(ctx context.Context, id string) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	check := r.opts.GetHealthCheck()
-	if check == nil {
+}
+
+// notRunning is the error for a new container that is not running, with
+// how it ended and how long it ran, which is what tells a crash on start
+// from one later; nil while it runs.
+func notRunning(id string, s *runtimeapi.ContainerStatus) error {
+	if s.GetState() == runtimeapi.ContainerState_CONTAINER_RUNNING {
 		return nil
 	}
-	timeout := 30 * time.Second
-	if ms := r.opts.GetHealthTimeoutMs(); ms > 0 {
-		timeout = time.Duration(ms) * time.Millisecond
-	}
+	return fmt.Errorf("new container %s is %s (exit code %d, reason %q) after %s",
+		short(id), s.GetState(), s.GetExitCode(), s.GetReason(),
+		time.Duration(s.GetFinishedAt()-s.GetStartedAt()).Round(time.Millisecond))
+}
+
+// passesHealthCheck runs check until it passes or the health timeout ends,
+// 250 ms between attempts. Each attempt gets at most 5 s, so that one hung
+// attempt does not use up the whole timeout.
+func (r *run) passesHealthCheck(ctx context.Context, id string, check *inplacedv1.Handler) error {
+	timeout := r.healthTimeout()
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var last error
@@ -260,4 +318,12 @@ func (r *run) healthGate(ctx context.Context, id string) error {
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// healthTimeout is the request's health timeout, else 30 s.
+func (r *run) healthTimeout() time.Duration {
+	if ms := r.opts.GetHealthTimeoutMs(); ms > 0 {
+		return time.Duration(ms) * time.Millisecond
+	}
+	return 30 * time.Second
 }

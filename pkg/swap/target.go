@@ -38,49 +38,67 @@ func Resolve(ctx context.Context, rt runtimeapi.RuntimeServiceClient, t *inplace
 	case t.GetContainerId() != "" && (t.GetPod() != "" || t.GetContainer() != ""):
 		return nil, invalidf("give either --id or POD -n NAMESPACE -c CONTAINER, not both")
 	case t.GetContainerId() != "":
-		resp, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
-		if err != nil {
-			return nil, err
-		}
-		var match []*runtimeapi.Container
-		for _, c := range resp.Containers {
-			if c.Id == t.ContainerId {
-				match = []*runtimeapi.Container{c}
-				break
-			}
-			if strings.HasPrefix(c.Id, t.ContainerId) {
-				match = append(match, c)
-			}
-		}
-		switch len(match) {
-		case 0:
-			return nil, notFoundf("no container with ID or prefix %q", t.ContainerId)
-		case 1:
-			return match[0], nil
-		default:
-			return nil, invalidf("container ID prefix %q matches %d containers: give more of the ID", t.ContainerId, len(match))
-		}
+		return resolveByID(ctx, rt, t.ContainerId)
 	case t.GetPod() != "" && t.GetContainer() != "":
-		ns := t.GetNamespace()
-		if ns == "" {
-			ns = "default"
-		}
-		resp, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
-			LabelSelector: map[string]string{LabelPodNamespace: ns, LabelPodName: t.Pod, LabelContainerName: t.Container},
-		}})
-		if err != nil {
-			return nil, err
-		}
-		cs := resp.Containers
-		if len(cs) == 0 {
-			return nil, notFoundf("no container %q in pod %s/%s (kubelet labels io.kubernetes.pod.name/namespace, io.kubernetes.container.name)", t.Container, ns, t.Pod)
-		}
-		// kubelet follows the newest container of a name; so do we.
-		sort.Slice(cs, func(i, j int) bool { return cs[i].CreatedAt > cs[j].CreatedAt })
-		return cs[0], nil
+		return resolveByName(ctx, rt, t)
 	default:
 		return nil, invalidf("no target: give POD -n NAMESPACE -c CONTAINER or --id CONTAINER_ID")
 	}
+}
+
+// resolveByID finds the container with ID id, or the only one whose ID
+// starts with it, so that the short IDs crictl prints can be given.
+func resolveByID(ctx context.Context, rt runtimeapi.RuntimeServiceClient, id string) (*runtimeapi.Container, error) {
+	resp, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		return nil, err
+	}
+	match := idMatches(resp.Containers, id)
+	switch len(match) {
+	case 0:
+		return nil, notFoundf("no container with ID or prefix %q", id)
+	case 1:
+		return match[0], nil
+	default:
+		return nil, invalidf("container ID prefix %q matches %d containers: give more of the ID", id, len(match))
+	}
+}
+
+// idMatches are the containers whose ID starts with id, or only the one
+// whose ID is id: an exact match wins even when id is the prefix of others.
+func idMatches(cs []*runtimeapi.Container, id string) []*runtimeapi.Container {
+	var match []*runtimeapi.Container
+	for _, c := range cs {
+		if c.Id == id {
+			return []*runtimeapi.Container{c}
+		}
+		if strings.HasPrefix(c.Id, id) {
+			match = append(match, c)
+		}
+	}
+	return match
+}
+
+// resolveByName finds a pod's container by the labels kubelet sets, in
+// namespace default when t names none.
+func resolveByName(ctx context.Context, rt runtimeapi.RuntimeServiceClient, t *inplacedv1.Target) (*runtimeapi.Container, error) {
+	ns := t.GetNamespace()
+	if ns == "" {
+		ns = "default"
+	}
+	resp, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
+		LabelSelector: map[string]string{LabelPodNamespace: ns, LabelPodName: t.Pod, LabelContainerName: t.Container},
+	}})
+	if err != nil {
+		return nil, err
+	}
+	cs := resp.Containers
+	if len(cs) == 0 {
+		return nil, notFoundf("no container %q in pod %s/%s (kubelet labels io.kubernetes.pod.name/namespace, io.kubernetes.container.name)", t.Container, ns, t.Pod)
+	}
+	// kubelet follows the newest container of a name; so do we.
+	sort.Slice(cs, func(i, j int) bool { return cs[i].CreatedAt > cs[j].CreatedAt })
+	return cs[0], nil
 }
 
 // resolve finds the container and its recorded configuration, and checks that
