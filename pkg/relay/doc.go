@@ -103,10 +103,10 @@
 // With WithGRPCServer (config relay: grpc) the callers' connections are
 // grpc-go's server's own, with grpc-go's limits and checks and nothing in
 // front of them: the fallback is plain grpc-go, so that it does not share a
-// bug of the router's. It advertises the same stream limit (maxStreams,
-// grpc.MaxConcurrentStreams), which grpc-go enforces with REFUSED_STREAM
-// and which also bounds its running handlers (grpc-go's own answer to
-// CVE-2023-44487). A malformed request grpc-go accepts (a `te` other than
+// bug of the router's. Like containerd's own server it advertises no stream
+// limit (grpc-go would not count a request that is not gRPC against it);
+// each connection runs at most maxStreams calls at once, one more answered
+// RESOURCE_EXHAUSTED (FallbackLimits). A malformed request grpc-go accepts (a `te` other than
 // "trailers", no :scheme, a stream that depends on itself, a body that
 // disagrees with its content-length) reaches the backend as the call it
 // names, as it would going to containerd directly (TestMalformedRequests;

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -11,6 +12,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -259,11 +262,13 @@ func talk(t *testing.T, sock string, in []byte, wait ...uint32) talked {
 	return x
 }
 
-// TestStreamLimit: the stream limit each mode advertises
+// TestStreamLimit: the router's advertised stream limit
 // (SETTINGS_MAX_CONCURRENT_STREAMS) is enforced on calls that stay open:
-// one call over it is refused with REFUSED_STREAM (RFC 9113 §5.1.2), by the
-// router or by grpc-go's server, and the connection serves on.
+// one call over it is refused with REFUSED_STREAM (RFC 9113 §5.1.2), and
+// the connection serves on. The fallback advertises none
+// (TestFallbackCallLimit).
 func TestStreamLimit(t *testing.T) {
+	routerOnly(t, "the fallback advertises no stream limit: TestFallbackCallLimit")
 	s := start(t, nil)
 	sock := s.client.Target()[len("unix://"):]
 	c, err := net.Dial("unix", sock)
@@ -304,4 +309,76 @@ func TestStreamLimit(t *testing.T) {
 			t.Fatalf("GOAWAY %v, want RST_STREAM %d REFUSED_STREAM", f.ErrCode, over)
 		}
 	}
+}
+
+// TestFallbackCallLimit: relay: grpc advertises no stream limit, as
+// containerd's own server does not, and runs at most maxStreams calls of one
+// connection at once: one more is answered RESOURCE_EXHAUSTED without
+// reaching the backend, and the connection serves on once a call ends.
+func TestFallbackCallLimit(t *testing.T) {
+	if grpcMode() {
+		t.Skip("runs WithGRPCServer itself, in the router-mode run")
+	}
+	block := make(chan struct{})
+	s := start(t, nil, WithGRPCServer())
+	s.backend.reply = func(string, []byte) ([]byte, error) { <-block; return nil, nil }
+	sock := s.client.Target()[len("unix://"):]
+	if limit, ok := advertisedStreams(t, sock); ok {
+		t.Fatalf("SETTINGS_MAX_CONCURRENT_STREAMS %d advertised; want none", limit)
+	}
+	method := runtimeapi.RuntimeService_Version_FullMethodName
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errc := make(chan error, maxStreams)
+	for range maxStreams {
+		go func() {
+			errc <- s.client.Invoke(ctx, method, &runtimeapi.VersionRequest{}, &runtimeapi.VersionResponse{})
+		}()
+	}
+	for s.backend.count(method) < maxStreams {
+		if ctx.Err() != nil {
+			t.Fatalf("%d of %d calls reached the backend", s.backend.count(method), maxStreams)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	err := s.client.Invoke(ctx, method, &runtimeapi.VersionRequest{}, &runtimeapi.VersionResponse{})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("call %d: %v, want ResourceExhausted", maxStreams+1, err)
+	}
+	if n := s.backend.count(method); n != maxStreams {
+		t.Fatalf("the backend saw %d calls, want %d: the refused one reached it", n, maxStreams)
+	}
+	close(block)
+	for range maxStreams {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.client.Invoke(ctx, method, &runtimeapi.VersionRequest{}, &runtimeapi.VersionResponse{}); err != nil {
+		t.Fatalf("after the calls ended: %v", err)
+	}
+}
+
+// advertisedStreams is the SETTINGS_MAX_CONCURRENT_STREAMS the server on
+// sock sends in its first SETTINGS, if any.
+func advertisedStreams(t *testing.T, sock string) (uint32, bool) {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
+		t.Fatal(err)
+	}
+	f, err := http2.NewFramer(c, c).ReadFrame()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sf, ok := f.(*http2.SettingsFrame)
+	if !ok {
+		t.Fatalf("first frame %v, want SETTINGS", f)
+	}
+	return sf.Value(http2.SettingMaxConcurrentStreams)
 }

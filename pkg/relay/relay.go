@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
@@ -345,11 +347,45 @@ func outgoing(ctx context.Context) context.Context {
 	return metadata.NewOutgoingContext(ctx, out)
 }
 
-// FallbackLimits are the limits grpc-go's server advertises and enforces
-// when it serves the callers' connections itself (WithGRPCServer): the
-// router's stream limit, which grpc-go enforces with REFUSED_STREAM and
-// which also bounds its running handlers (grpc-go's answer to
-// CVE-2023-44487). Message sizes and windows are ServerOptions'.
+// FallbackLimits are the fallback's bounds when grpc-go's server serves the
+// callers' connections itself (WithGRPCServer). It advertises no stream
+// limit, as containerd's own grpc-go server does not: grpc-go answers a
+// request that is not gRPC before it counts the stream against
+// SETTINGS_MAX_CONCURRENT_STREAMS, so an advertised limit would not hold for
+// every stream (h2spec 5.1.2), and the relay enforces every limit it
+// advertises. Each connection instead runs at most maxStreams calls at once:
+// one more is answered RESOURCE_EXHAUSTED before it reaches the backend,
+// which bounds the running handlers and backend streams a caller can cost
+// (what grpc-go's advertised limit bounds against CVE-2023-44487).
 func FallbackLimits() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.MaxConcurrentStreams(maxStreams)}
+	return []grpc.ServerOption{grpc.StatsHandler(connCalls{}), grpc.ChainStreamInterceptor(limitCalls)}
+}
+
+// connCalls gives each caller connection its count of running calls
+// (a grpc-go stats handler: the only per-connection hook grpc-go offers).
+type connCalls struct{}
+
+// callCount is the number of calls running on one caller connection.
+type callCount struct{ n atomic.Int32 }
+
+type callCountKey struct{}
+
+func (connCalls) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return context.WithValue(ctx, callCountKey{}, new(callCount))
+}
+func (connCalls) HandleConn(context.Context, stats.ConnStats)                     {}
+func (connCalls) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (connCalls) HandleRPC(context.Context, stats.RPCStats)                       {}
+
+// limitCalls refuses a call over maxStreams on its connection.
+func limitCalls(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	c, ok := ss.Context().Value(callCountKey{}).(*callCount)
+	if !ok {
+		return handler(srv, ss)
+	}
+	defer c.n.Add(-1)
+	if c.n.Add(1) > maxStreams {
+		return status.Errorf(codes.ResourceExhausted, "relay: more than %d calls at once on one connection: wait for one to end or open another connection", maxStreams)
+	}
+	return handler(srv, ss)
 }
