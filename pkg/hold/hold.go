@@ -123,7 +123,7 @@ type Held struct {
 // Hold installs a hold on ports in the network namespace at netnsPath. The
 // mode used may be weaker than asked (queue → drop): Mode and Why say. When
 // it returns an error nothing is installed.
-func Hold(ctx context.Context, netnsPath string, ports []uint16, mode Mode, opts ...Option) (h *Held, retErr error) {
+func Hold(ctx context.Context, netnsPath string, ports []uint16, mode Mode, opts ...Option) (_ *Held, retErr error) {
 	if mode != ModeQueue && mode != ModeDrop {
 		return nil, fmt.Errorf("hold: mode %q holds nothing", mode)
 	}
@@ -134,7 +134,9 @@ func Hold(ctx context.Context, netnsPath string, ports []uint16, mode Mode, opts
 	if err != nil {
 		return nil, err
 	}
-	h = &Held{ns: ns, mode: mode, start: time.Now(), ports: slices.Clone(ports), released: map[uint16]PortResult{}}
+	// Not the named result: a failing `return nil, err` sets that to nil
+	// before the undo below runs, which would then close nothing and panic.
+	h := &Held{ns: ns, mode: mode, start: time.Now(), ports: slices.Clone(ports), released: map[uint16]PortResult{}}
 	for _, o := range opts {
 		o(h)
 	}

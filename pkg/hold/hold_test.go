@@ -1,6 +1,7 @@
 package hold
 
 import (
+	"context"
 	"fmt"
 	"testing"
 )
@@ -40,5 +41,18 @@ func TestNetlinkRoundTrip(t *testing.T) {
 	attrs(msgs[0].data, func(typ uint16, v []byte) { seen = append(seen, fmt.Sprint(typ, v)) })
 	if fmt.Sprint(seen) != "[1 [1 0 0 0] 2 [0 0 0 0 1]]" {
 		t.Errorf("attrs = %v", seen)
+	}
+}
+
+// A hold that fails after opening the namespace undoes what it set up and
+// returns the error: here the context is cancelled before any slot is
+// tried (as root), or entering the namespace is refused (not root), or the
+// kernel (or an emulator) has no sock_diag. None of these may panic.
+func TestHoldFailsCleanly(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	h, err := Hold(ctx, "/proc/self/ns/net", []uint16{8080}, ModeDrop)
+	if err == nil || h != nil {
+		t.Fatalf("Hold with a cancelled context = %v, %v; want nil and an error", h, err)
 	}
 }
