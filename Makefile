@@ -13,7 +13,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/inplaced/inplaced/pkg/version.Version=$(VERSION) -X github.com/inplaced/inplaced/pkg/version.Commit=$(COMMIT)
 E2E_TIMEOUT ?= 60m
 
-.PHONY: all build deps test test-unit test-e2e test-soak-short test-node test-compat conformance bench soak demo docs docs-check proto proto-check vet clean
+.PHONY: all build release image deps test test-unit test-e2e test-soak-short test-node test-compat conformance bench soak demo docs docs-check proto proto-check vet clean
 
 all: build
 
@@ -22,12 +22,49 @@ build:
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/inplacectl ./cmd/inplacectl
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/kubectl-inplace ./cmd/kubectl-inplace
 
+# make release: every binary that ships, static, for each platform, in
+# _output/release/<version>/<name>-<os>-<arch>, with SHA256SUMS
+# (sha256sum -c SHA256SUMS checks them). A name whose cmd/ directory does
+# not exist (yet) is left out; a new binary that ships is one more word in
+# RELEASE_CMDS.
+RELEASE_CMDS := inplaced inplacectl kubectl-inplace inplaced-installer
+RELEASE_PLATFORMS := linux/amd64 linux/arm64
+RELEASE_DIR := $(OUT)/release/$(VERSION)
+release_cmds = $(filter $(notdir $(wildcard cmd/*)),$(RELEASE_CMDS))
+release:
+	rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)
+	set -e; for p in $(RELEASE_PLATFORMS); do for c in $(release_cmds); do \
+	  echo "release: $$c $$p"; \
+	  CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(RELEASE_DIR)/$$c-$${p%/*}-$${p#*/} ./cmd/$$c; \
+	done; done
+	cd $(RELEASE_DIR) && sha256sum -- *-* > SHA256SUMS && cat SHA256SUMS
+
+# make image: an OCI image index (the platforms of make release) of the
+# binaries in IMAGE_CMDS at /usr/local/bin and the host files under
+# /opt/inplaced, built without a container engine (hack/image), written to
+# the OCI layout IMAGE_LAYOUT tagged with the version, and pushed to IMAGE
+# when given: make image IMAGE=registry.local:5000/inplaced:v1 (add
+# IMAGE_INSECURE=1 for a registry on plain HTTP). The installer, when it
+# exists, is the entrypoint. File times are the commit's time, so one
+# commit gives one digest.
+IMAGE_CMDS := inplaced inplacectl inplaced-installer
+IMAGE_LAYOUT ?= $(OUT)/image
+IMAGE ?=
+IMAGE_INSECURE ?=
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+image_cmds = $(filter $(release_cmds),$(IMAGE_CMDS))
+image: release
+	$(GO) run ./hack/image -bin-dir $(RELEASE_DIR) -platforms '$(RELEASE_PLATFORMS)' -bins '$(image_cmds)' \
+	  $(if $(filter inplaced-installer,$(image_cmds)),-entrypoint inplaced-installer) \
+	  -version $(VERSION) -commit $(COMMIT) -created $(SOURCE_DATE_EPOCH) -layout $(IMAGE_LAYOUT) \
+	  $(if $(IMAGE),-push $(IMAGE)) $(if $(IMAGE_INSECURE),-insecure)
+
 deps:
 	hack/install-deps.sh
 
 vet:
 	$(GO) vet ./...
-	@out=$$(gofmt -l cmd pkg test); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l cmd pkg test hack); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # make test: unit tests, the generated-code drift check, then e2e against a
 # private containerd 2.4 and containerd 1.6 (both), loopback registry and CNI,
@@ -44,6 +81,9 @@ VM_IMAGE ?= 0
 
 test-unit:
 	$(GO) test -count=1 -race ./pkg/... ./cmd/... ./test/docs/ ./test/codecheck/
+	@# hack/'s build tools: one goroutine each, and -race would slow the
+	@# image tool's gzip about fifteenfold.
+	$(GO) test -count=1 ./hack/...
 
 test-e2e: build
 	INPLACED_WITH_KUBELET=1 INPLACED_WITH_VM_IMAGE=$(VM_IMAGE) hack/install-deps.sh --no-apt
