@@ -13,7 +13,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/inplaced/inplaced/pkg/version.Version=$(VERSION) -X github.com/inplaced/inplaced/pkg/version.Commit=$(COMMIT)
 E2E_TIMEOUT ?= 60m
 
-.PHONY: all build release image deps test test-unit test-e2e test-soak-short test-node test-compat conformance bench soak demo docs docs-check proto proto-check vet clean
+.PHONY: all build release image deps test test-unit test-arm64 test-e2e test-soak-short test-node test-compat conformance bench soak demo docs docs-check proto proto-check vet clean
 
 all: build
 
@@ -70,7 +70,7 @@ vet:
 # private containerd 2.4 and containerd 1.6 (both), loopback registry and CNI,
 # and a real kubelet for the coherence tests, the 5-minute soak (one backend,
 # each fault once), then the node guest.
-test: deps build proto-check vet test-unit test-e2e test-soak-short test-node
+test: deps build proto-check vet test-unit test-arm64 test-e2e test-soak-short test-node
 # Inside CI's 90 minutes on a fresh machine, make test boots the guest once,
 # on Debian's own containerd 1.6 (the node a distribution gives); make
 # test-node alone boots it on both. The guest's image is built while
@@ -84,6 +84,25 @@ test-unit:
 	@# hack/'s build tools: one goroutine each, and -race would slow the
 	@# image tool's gzip about fifteenfold.
 	$(GO) test -count=1 ./hack/...
+
+# make test-arm64: the unit tests built for linux/arm64 and run here under
+# qemu-user (Debian's qemu-user-static, installed by hack/install-deps.sh),
+# called through go test -exec: no binfmt_misc registration needed. No
+# -race: it needs cgo, and a cross build has none. -tags qemu_user leaves
+# out the tests that need what qemu-user does not translate (pkg/hold's
+# network namespace tests: sock_diag and nfnetlink); the relay's grpc-mode
+# pass re-executes the test binary, which needs binfmt_misc, so it runs as
+# a second go test instead. Left out: pkg/kubeclient, whose tests compare
+# its requests with client-go's (the same on every architecture, and
+# client-go is a third of the arm64 build), and cmd/kubectl-inplace (a
+# client's CLI, its API machinery the same). docs/performance.md has the
+# time it takes.
+ARM64_TEST = GOARCH=arm64 CGO_ENABLED=0 $(GO) test -count=1 -tags qemu_user -exec qemu-aarch64-static
+ARM64_TEST_PKGS = $(shell $(GO) list ./pkg/... | grep -v '/pkg/kubeclient$$') ./cmd/inplaced ./cmd/inplacectl
+test-arm64:
+	@command -v qemu-aarch64-static >/dev/null || { echo "no qemu-aarch64-static: run hack/install-deps.sh"; exit 1; }
+	$(ARM64_TEST) -skip '^TestThroughGRPCServer$$' $(ARM64_TEST_PKGS)
+	INPLACED_RELAY_TEST_MODE=grpc $(ARM64_TEST) ./pkg/relay/
 
 test-e2e: build
 	INPLACED_WITH_KUBELET=1 INPLACED_WITH_VM_IMAGE=$(VM_IMAGE) hack/install-deps.sh --no-apt
