@@ -88,16 +88,16 @@ test-unit:
 # make test-arm64: the unit tests built for linux/arm64 and run here under
 # qemu-user (Debian's qemu-user-static, installed by hack/install-deps.sh),
 # called through go test -exec: no binfmt_misc registration needed. No
-# -race: it needs cgo, and a cross build has none. -tags qemu_user leaves
-# out the tests that need what qemu-user does not translate (pkg/hold's
-# network namespace tests: sock_diag and nfnetlink); the relay's grpc-mode
-# pass re-executes the test binary, which needs binfmt_misc, so it runs as
-# a second go test instead. Left out: pkg/kubeclient, whose tests compare
-# its requests with client-go's (the same on every architecture, and
-# client-go is a third of the arm64 build), and cmd/kubectl-inplace (a
-# client's CLI, its API machinery the same). docs/performance.md has the
-# time it takes.
-ARM64_TEST = GOARCH=arm64 CGO_ENABLED=0 $(GO) test -count=1 -tags qemu_user -exec qemu-aarch64-static
+# -race: it needs cgo, and a cross build has none; no vet: make vet ran it
+# on the same code. -tags qemu_user leaves out the tests that need what
+# qemu-user does not translate (pkg/hold's network namespace tests:
+# sock_diag and nfnetlink). The relay's grpc-mode pass re-executes the test
+# binary, which needs binfmt_misc, so it runs as a second go test instead.
+# Left out: pkg/kubeclient, whose tests compare its requests with
+# client-go's (the same on every architecture, and client-go is a third of
+# the arm64 build), and cmd/kubectl-inplace (a client's CLI, its API
+# machinery the same). docs/performance.md has the time it takes.
+ARM64_TEST = GOARCH=arm64 CGO_ENABLED=0 $(GO) test -count=1 -vet=off -tags qemu_user -exec qemu-aarch64-static
 ARM64_TEST_PKGS = $(shell $(GO) list ./pkg/... | grep -v '/pkg/kubeclient$$') ./cmd/inplaced ./cmd/inplacectl
 test-arm64:
 	@command -v qemu-aarch64-static >/dev/null || { echo "no qemu-aarch64-static: run hack/install-deps.sh"; exit 1; }
