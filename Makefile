@@ -21,6 +21,7 @@ build:
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/inplaced ./cmd/inplaced
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/inplacectl ./cmd/inplacectl
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/kubectl-inplace ./cmd/kubectl-inplace
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/inplaced-installer ./cmd/inplaced-installer
 
 # make release: every binary that ships, static, for each platform, in
 # _output/release/<version>/<name>-<os>-<arch>, with SHA256SUMS

@@ -7,6 +7,8 @@
 #   - pinned Go tools under ${INPLACED_TOOLS:-/var/cache/inplaced/tools}:
 #       containerd-v2.4.2/bin/{containerd,containerd-shim-runc-v2}
 #       bin/{crictl,critest,protoc-gen-go,protoc-gen-go-grpc}
+#       bin/helm                           (Helm v4: the chart's render tests in
+#                                          cmd/inplaced-installer)
 #       kubelet-v1.37.2/kubelet            (only with INPLACED_WITH_KUBELET=1)
 #       kube-apiserver-v1.37.2/kube-apiserver, kubectl-v1.37.2/kubectl, etcd-v3.6.16/etcd
 #                                          (only with INPLACED_WITH_KUBELET=1:
@@ -43,6 +45,7 @@ CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
 CRI_TOOLS_VERSION="${CRI_TOOLS_VERSION:-v1.37.0}"
 PROTOC_GEN_GO_VERSION="${PROTOC_GEN_GO_VERSION:-v1.36.12}"
 PROTOC_GEN_GO_GRPC_VERSION="${PROTOC_GEN_GO_GRPC_VERSION:-v1.5.1}"
+HELM_VERSION="${HELM_VERSION:-v4.3.2}"
 # gVisor publishes no Go module releases; its Go-only "go" branch is served by
 # the module proxy as pseudo-versions. This one is gVisor of 2026-09-05.
 GVISOR_VERSION="${GVISOR_VERSION:-v0.0.0-20260905035102-160fafc42237}"
@@ -290,6 +293,7 @@ main() {
 		"google.golang.org/protobuf/cmd/protoc-gen-go@${PROTOC_GEN_GO_VERSION}"
 	go_install "${TOOLS}/bin" protoc-gen-go-grpc "${PROTOC_GEN_GO_GRPC_VERSION}" "" \
 		"google.golang.org/grpc/cmd/protoc-gen-go-grpc@${PROTOC_GEN_GO_GRPC_VERSION}"
+	go_install "${TOOLS}/bin" helm "${HELM_VERSION}" "" "helm.sh/helm/v4/cmd/helm@${HELM_VERSION}"
 
 	if [[ "${INPLACED_WITH_GVISOR:-1}" == "1" ]]; then
 		install_gvisor

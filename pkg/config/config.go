@@ -37,7 +37,14 @@ type Config struct {
 	LogLevel string `json:"logLevel"`
 	// LogFormat is json or console.
 	LogFormat string `json:"logFormat"`
-	// ShutdownTimeout bounds how long in-flight calls may run after SIGTERM.
+	// ShutdownGrace is how long the calls and swaps in flight at SIGTERM
+	// may run on; what still runs then is cut (kubelet retries a call, the
+	// journal settles a swap on the next start). New calls are not taken
+	// meanwhile: they wait for the next process.
+	ShutdownGrace Duration `json:"shutdownGrace"`
+	// ShutdownTimeout is the older spelling of shutdownGrace, kept so that
+	// the config file an earlier version installed still loads: an upgrade
+	// must not fail on it. Load moves it to ShutdownGrace.
 	ShutdownTimeout Duration `json:"shutdownTimeout"`
 	// HealthMinRuntime is how long a swapped-in container must keep running
 	// before the swap commits, unless the request says otherwise.
@@ -116,7 +123,7 @@ func Default() Config {
 		ControlSocket:    "/run/inplaced/control.sock",
 		LogLevel:         "info",
 		LogFormat:        "json",
-		ShutdownTimeout:  Duration(10 * time.Second),
+		ShutdownGrace:    Duration(10 * time.Second),
 		HealthMinRuntime: Duration(3 * time.Second),
 		FenceTimeout:     Duration(2 * time.Minute),
 		CgroupRoot:       "/sys/fs/cgroup",
@@ -157,7 +164,30 @@ func Load(path string, explicit bool) (Config, error) {
 	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
 		return cfg, fmt.Errorf("parse config %s: %w", path, err)
 	}
+	if err := foldOlderSpellings(data, &cfg); err != nil {
+		return cfg, fmt.Errorf("config %s: %w", path, err)
+	}
 	return cfg, nil
+}
+
+// foldOlderSpellings moves a key's older spelling to the current one; both
+// in one file is refused, since one of them would be silently ignored.
+func foldOlderSpellings(data []byte, cfg *Config) error {
+	var given struct {
+		Grace   *Duration `json:"shutdownGrace"`
+		Timeout *Duration `json:"shutdownTimeout"`
+	}
+	if err := yaml.Unmarshal(data, &given); err != nil {
+		return err
+	}
+	if given.Timeout == nil {
+		return nil
+	}
+	if given.Grace != nil {
+		return errors.New("both shutdownGrace and shutdownTimeout (its older spelling) are set: keep shutdownGrace")
+	}
+	cfg.ShutdownGrace, cfg.ShutdownTimeout = *given.Timeout, 0
+	return nil
 }
 
 // EffectiveImageEndpoint is the image endpoint, defaulted to the runtime's.
@@ -296,8 +326,8 @@ func (c Config) credentialProviderProblems() []error {
 
 // timeoutProblems: the timeouts that must be positive.
 func (c Config) timeoutProblems() []error {
-	if c.ShutdownTimeout <= 0 || c.FenceTimeout <= 0 || c.HealthMinRuntime < 0 {
-		return []error{errors.New("shutdownTimeout and fenceTimeout must be positive, healthMinRuntime not negative")}
+	if c.ShutdownGrace <= 0 || c.FenceTimeout <= 0 || c.HealthMinRuntime < 0 {
+		return []error{errors.New("shutdownGrace (--shutdown-grace) and fenceTimeout must be positive, healthMinRuntime not negative")}
 	}
 	return nil
 }
@@ -355,7 +385,7 @@ func (d Duration) MarshalJSON() ([]byte, error) {
 }
 
 // UnmarshalJSON reads "10s". A bare number (but 0) is refused: it would mean
-// nanoseconds, which is never what a "shutdownTimeout: 10" means.
+// nanoseconds, which is never what a "shutdownGrace: 10" means.
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	s := strings.Trim(string(b), `"`)
 	v, err := time.ParseDuration(s)

@@ -40,7 +40,7 @@ func TestValidate(t *testing.T) {
 		{"bad log format", func(c *Config) { c.LogFormat = "text" }, []string{"--log-format", "text"}},
 		{"grpc relay", func(c *Config) { c.Relay = "grpc" }, nil},
 		{"bad relay", func(c *Config) { c.Relay = "h2" }, []string{"--relay", "h2", "router"}},
-		{"zero shutdown timeout", func(c *Config) { c.ShutdownTimeout = 0 }, []string{"shutdownTimeout"}},
+		{"zero shutdown grace", func(c *Config) { c.ShutdownGrace = 0 }, []string{"shutdownGrace", "--shutdown-grace"}},
 		{"zero fence timeout", func(c *Config) { c.FenceTimeout = 0 }, []string{"fenceTimeout"}},
 		{"negative health min runtime", func(c *Config) { c.HealthMinRuntime = Duration(-time.Second) }, []string{"healthMinRuntime"}},
 		{"zero health min runtime is fine", func(c *Config) { c.HealthMinRuntime = 0 }, nil},
@@ -145,6 +145,17 @@ vmRuntimeHandlers: [kata-qemu]
 			t.Errorf("Validate: %v", err)
 		}
 	})
+	t.Run("older spelling of shutdownGrace", func(t *testing.T) {
+		// The file an earlier version installed (deploy/inplaced/config.yaml
+		// had shutdownTimeout) loads after an upgrade, with its value.
+		c, err := Load(write(t, "shutdownTimeout: 20s\n"), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.ShutdownGrace != Duration(20*time.Second) || c.ShutdownTimeout != 0 {
+			t.Errorf("shutdownTimeout: 20s loaded as grace %s, timeout %s; want grace 20s", c.ShutdownGrace.D(), c.ShutdownTimeout.D())
+		}
+	})
 	t.Run("empty file", func(t *testing.T) {
 		c, err := Load(write(t, ""), true)
 		if err != nil || !reflect.DeepEqual(c, Default()) {
@@ -152,13 +163,15 @@ vmRuntimeHandlers: [kata-qemu]
 		}
 	})
 	for name, body := range map[string]string{
-		"unknown key":  "listen: /run/a.sock\nlistenAddress: /run/b.sock\n",
-		"misspelt key": "logLevle: debug\n",
-		"bad duration": "shutdownTimeout: ten seconds\n",
-		"bare number":  "shutdownTimeout: 10\n", // would be 10 ns
-		"wrong type":   "vmRuntimeHandlers: kata\n",
-		"not yaml":     "listen: [\n",
-		"duplicate":    "listen: /a.sock\nlisten: /b.sock\n",
+		"unknown key":                  "listen: /run/a.sock\nlistenAddress: /run/b.sock\n",
+		"misspelt key":                 "logLevle: debug\n",
+		"bad duration":                 "shutdownGrace: ten seconds\n",
+		"bare number":                  "shutdownGrace: 10\n", // would be 10 ns
+		"older spelling, bad duration": "shutdownTimeout: ten seconds\n",
+		"both spellings":               "shutdownGrace: 5s\nshutdownTimeout: 20s\n",
+		"wrong type":                   "vmRuntimeHandlers: kata\n",
+		"not yaml":                     "listen: [\n",
+		"duplicate":                    "listen: /a.sock\nlisten: /b.sock\n",
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := write(t, body)

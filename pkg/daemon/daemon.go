@@ -35,11 +35,11 @@ import (
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
-// Run serves until ctx is cancelled, then shuts down gracefully: it stops
-// accepting, lets in-flight unary calls finish within cfg.ShutdownTimeout,
-// ends streams, and returns nil. It builds every part first (build), serves
-// (serve), and shuts down (shutDown); what build made is closed, in the
-// reverse order, whichever way Run returns.
+// Run serves until ctx is cancelled, then shuts down gracefully: it takes
+// no new calls, lets the calls and swaps in flight run on within
+// cfg.ShutdownGrace, cuts what is left, and returns nil. It builds every
+// part first (build), serves (serve), and shuts down (shutDown); what build
+// made is closed, in the reverse order, whichever way Run returns.
 func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -239,7 +239,7 @@ func (d *daemon) newControl(context.Context) error {
 // socket, the metrics listener and Kubernetes mode beside it, then shuts
 // down.
 func (d *daemon) serve(ctx context.Context) error {
-	lis, err := listenUnix(d.cfg.Listen)
+	lis, fromSystemd, err := criListener(d.cfg.Listen, d.log)
 	if err != nil {
 		return err
 	}
@@ -254,6 +254,7 @@ func (d *daemon) serve(ctx context.Context) error {
 
 	d.log.Info("serving CRI",
 		zap.String("listen", d.cfg.Listen),
+		zap.Bool("socket_from_systemd", fromSystemd),
 		zap.String("control_socket", d.cfg.ControlSocket),
 		zap.String("runtime_endpoint", d.cfg.RuntimeEndpoint),
 		zap.String("image_endpoint", d.cfg.EffectiveImageEndpoint()))
@@ -267,7 +268,7 @@ func (d *daemon) serve(ctx context.Context) error {
 	case err := <-errc:
 		return fmt.Errorf("CRI server stopped: %w", err)
 	}
-	d.shutDown(srv, stopSide)
+	d.shutDown(srv, fromSystemd, stopSide)
 	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}
@@ -310,14 +311,31 @@ func (d *daemon) serveSide(ctx context.Context, side *sync.WaitGroup) {
 	}
 }
 
-// shutDown stops accepting, drains the CRI server, stops the side servers
-// and gives running swaps the same bound.
-func (d *daemon) shutDown(srv *relay.Server, stopSide func()) {
-	d.log.Info("shutting down", zap.Duration("timeout", d.cfg.ShutdownTimeout.D()))
+// shutDown drains the CRI server (no new calls; the calls in flight run
+// on), stops the side servers, waits for running swaps, all within one
+// grace from SIGTERM, then stops the CRI server. On systemd's socket the
+// calls made meanwhile wait, and Stop sends them to the next process.
+func (d *daemon) shutDown(srv *relay.Server, fromSystemd bool, stopSide func()) {
+	grace := d.cfg.ShutdownGrace.D()
+	d.log.Info("shutting down: no new calls; the calls and swaps in flight have the grace", zap.Duration("shutdown_grace", grace))
 	_, _ = sddaemon.SdNotify(false, sddaemon.SdNotifyStopping)
-	gracefulStop(srv, d.relay, d.cfg.ShutdownTimeout.D())
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	// systemd's socket outlives this process: what comes during the drain
+	// is held for the next one. A socket of our own goes with us.
+	mode := relay.Refuse
+	if fromSystemd {
+		mode = relay.HandOff
+	}
+	if err := srv.Drain(ctx, mode); err != nil {
+		d.log.Warn("calls still running at the shutdown grace were cut: their callers retry, on the next process", zap.Duration("shutdown_grace", grace))
+	}
+	drained := time.Since(start)
 	stopSide()
-	waitSwaps(d.engine, d.cfg.ShutdownTimeout.D(), d.log)
+	waitSwaps(ctx, d.engine, d.log)
+	srv.Stop()
+	d.log.Info("shut down", zap.Duration("calls_drained_in", drained), zap.Duration("took", time.Since(start)))
 }
 
 // newResizer makes the in-place resizer for the control API and kubelet's
@@ -336,28 +354,15 @@ func newResizer(cfg config.Config, rt runtimeapi.RuntimeServiceClient, st resize
 	return resize.New(resize.Options{Runtime: rt, Cgroups: cg, Store: st, Fences: fences, Classes: classes, Logger: log})
 }
 
-// waitSwaps gives running swaps time to finish; what does not finish is
-// journaled and settled by the next start.
-func waitSwaps(engine *swap.Engine, timeout time.Duration, log *zap.Logger) {
+// waitSwaps gives running swaps until ctx ends to finish; one that does
+// not is left as a crash leaves it: journaled, and settled by the next
+// start's recovery before it serves kubelet.
+func waitSwaps(ctx context.Context, engine *swap.Engine, log *zap.Logger) {
 	done := make(chan struct{})
 	go func() { engine.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(timeout):
-		log.Warn("swaps still running at shutdown: the journal will settle them on next start")
-	}
-}
-
-// gracefulStop ends streams at once (they never finish by themselves), lets
-// unary calls finish, and cuts them off after timeout.
-func gracefulStop(srv *relay.Server, r *relay.Relay, timeout time.Duration) {
-	r.Drain()
-	done := make(chan struct{})
-	go func() { srv.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(timeout):
-		srv.Stop()
-		<-done
+	case <-ctx.Done():
+		log.Warn("swaps still running at the shutdown grace: the journal settles them on the next start", zap.Int("swaps", len(engine.Running())))
 	}
 }

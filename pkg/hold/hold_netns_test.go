@@ -78,21 +78,25 @@ func (tn *testNS) serve(t *testing.T, version string, port int) net.Listener {
 	if err := inNetNS(tn.ns, func() (err error) { l, err = net.Listen("tcp", fmt.Sprintf(":%d", port)); return err }); err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			// Read the request first: closing with it unread would reset
-			// the connection under the client. Then an HTTP/1.0 answer, as
-			// the test app's GET /peer gives.
-			_, _ = bufio.NewReader(c).ReadString('\n')
-			fmt.Fprintf(c, "HTTP/1.0 200 OK\r\n\r\n%s %s\n", version, c.RemoteAddr())
-			c.Close()
-		}
-	}()
+	go answer(l, version, 0)
 	return l
+}
+
+// answer serves l one connection at a time, taking work per request, with
+// "<version> <client address>" as the test app's GET /peer answers. It reads
+// the request first: closing with it unread would reset the connection
+// under the client.
+func answer(l net.Listener, version string, work time.Duration) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		_, _ = bufio.NewReader(c).ReadString('\n')
+		time.Sleep(work)
+		fmt.Fprintf(c, "HTTP/1.0 200 OK\r\n\r\n%s %s\n", version, c.RemoteAddr())
+		c.Close()
+	}
 }
 
 // tables lists this package's tables in the namespace.
@@ -394,18 +398,7 @@ func (tn *testNS) serveSerial(t *testing.T, version, network string, port, backl
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = bufio.NewReader(c).ReadString('\n')
-			time.Sleep(work)
-			fmt.Fprintf(c, "HTTP/1.0 200 OK\r\n\r\n%s %s\n", version, c.RemoteAddr())
-			c.Close()
-		}
-	}()
+	go answer(l, version, work)
 	return l
 }
 

@@ -14,11 +14,13 @@
 // kubernetes.Interface's CoreV1(): TestSameRequestsAsClientset.
 //
 // The interfaces name exactly the verbs inplaced uses, which are the verbs
-// deploy/kubernetes/rbac.yaml grants, and a pod's get for kubectl-inplace,
-// which uses this client too (it needs pods only):
+// deploy/kubernetes/rbac.yaml grants, a pod's get for kubectl-inplace and a
+// node's get and patch for inplaced-installer, which use this client too
+// (the installer's ClusterRole in deploy/helm/inplaced grants those two and
+// events create):
 //
 //	pods         list, watch, patch (and patch of pods/status); get (kubectl-inplace)
-//	nodes        list, watch
+//	nodes        list, watch; get, patch (inplaced-installer)
 //	secrets      get
 //	events       create, patch
 //
@@ -74,10 +76,13 @@ type PodInterface interface {
 	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*corev1.Pod, error)
 }
 
-// NodeInterface: this node's own object, watched.
+// NodeInterface: this node's own object, watched; read and annotated by
+// inplaced-installer.
 type NodeInterface interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.Node, error)
 	List(ctx context.Context, opts metav1.ListOptions) (*corev1.NodeList, error)
 	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*corev1.Node, error)
 }
 
 // SecretInterface: a pod's imagePullSecrets, read.

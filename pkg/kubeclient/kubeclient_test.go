@@ -117,6 +117,13 @@ func (c calls) run(t *testing.T) {
 	} else {
 		w.Stop()
 	}
+	// inplaced-installer's: its record on the Node, and the Ready wait.
+	if _, err := c.nodes().Get(ctx, "node-1", metav1.GetOptions{}); err != nil {
+		t.Errorf("get node: %v", err)
+	}
+	if _, err := c.nodes().Patch(ctx, "node-1", types.MergePatchType, []byte(`{"metadata":{"annotations":{"a":null}}}`), metav1.PatchOptions{}); err != nil {
+		t.Errorf("patch node: %v", err)
+	}
 	if _, err := c.secrets("ns").Get(ctx, "pull", metav1.GetOptions{}); err != nil {
 		t.Errorf("get secret: %v", err)
 	}

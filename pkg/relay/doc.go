@@ -8,6 +8,10 @@
 // goes, the same way, to an in-process grpc.Server running the gRPC handler
 // described below (Relay.ServerOptions).
 //
+// Server.Drain (drain.go) hands the callers over to the next process on the
+// same socket at a restart: GOAWAY to each, the calls in flight let finish
+// within the grace, the connections made meanwhile held and then sent on.
+//
 // The gRPC handler:
 //
 //   - The server is created with grpc.UnknownServiceHandler and a codec that

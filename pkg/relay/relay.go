@@ -58,7 +58,7 @@ type Relay struct {
 	onPause func()
 
 	drainOnce sync.Once
-	drain     chan struct{} // closed on shutdown: streams end
+	drain     chan struct{} // closed on shutdown: endless streams end
 }
 
 // Option configures a Relay.
@@ -143,8 +143,9 @@ func (r *Relay) ServerOptions() []grpc.ServerOption {
 	}
 }
 
-// Drain makes every relayed stream end; unary calls are unaffected so that a
-// graceful stop can let them finish.
+// Drain makes the relayed streams that never end by themselves
+// (GetContainerEvents: endless, drain.go) end with Unavailable; every other
+// call is left to finish, so that a graceful stop can let it.
 func (r *Relay) Drain() { r.drainOnce.Do(func() { close(r.drain) }) }
 
 func (r *Relay) conn(method string) *grpc.ClientConn {
@@ -248,7 +249,7 @@ func (r *Relay) handleStream(ctx context.Context, method string, ss grpc.ServerS
 	defer cancel()
 	go func() {
 		select {
-		case <-r.drain:
+		case <-r.drainOf(method):
 			cancel()
 		case <-ctx.Done():
 		}
@@ -295,7 +296,7 @@ func (r *Relay) handleStream(ctx context.Context, method string, ss grpc.ServerS
 			}
 			if status.Code(err) == codes.Canceled {
 				select {
-				case <-r.drain:
+				case <-r.drainOf(method):
 					return status.Error(codes.Unavailable, "inplaced is shutting down")
 				default:
 				}

@@ -72,6 +72,7 @@ type setup struct {
 	backend *fakeBackend
 	client  *grpc.ClientConn
 	relay   *Relay
+	server  *Server
 }
 
 func start(t testing.TB, table Table, opts ...Option) *setup {
@@ -115,7 +116,7 @@ func start(t testing.TB, table Table, opts ...Option) *setup {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { client.Close() })
-	return &setup{backend: be, client: client, relay: r}
+	return &setup{backend: be, client: client, relay: r, server: pxSrv}
 }
 
 // TestEveryMethodReachesBackend walks the CRI service descriptors and proves

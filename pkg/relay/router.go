@@ -126,12 +126,13 @@ type Server struct {
 	listeners map[net.Listener]bool
 	sessions  map[*session]bool
 	stopping  bool
+	drain     drainState     // Drain's (drain.go)
 	wg        sync.WaitGroup // sessions
 	done      chan struct{}  // closed by Stop and GracefulStop
 }
 
 // NewServer returns a server for r. Serve it on a listener; stop it with
-// GracefulStop (after Drain) or Stop.
+// Drain then Stop (drain.go), GracefulStop (after Relay.Drain) or Stop.
 func (r *Relay) NewServer() *Server {
 	opts := r.ServerOptions()
 	if r.grpcAll {
@@ -159,6 +160,7 @@ func (r *Relay) NewServer() *Server {
 // returns grpc.ErrServerStopped when it was stopped before it began, nil
 // when stopped while serving, and the listener's error otherwise.
 func (s *Server) Serve(lis net.Listener) error {
+	lis = s.handoff(lis)
 	if s.r.grpcAll {
 		return s.inner.Serve(checkedListener{lis}) // the router's request checks first (grpccheck.go)
 	}
@@ -188,9 +190,9 @@ func (s *Server) Serve(lis net.Listener) error {
 			return err
 		}
 		s.mu.Lock()
-		if s.stopping {
+		if s.stopping || s.drain.draining {
 			s.mu.Unlock()
-			c.Close()
+			s.lateConn(lis, c)
 			continue
 		}
 		sess := newSession(s, c)
@@ -225,6 +227,7 @@ func (s *Server) GracefulStop() {
 	s.wg.Wait()
 	s.inner.GracefulStop()
 	s.innerL.Close()
+	s.releaseHandoffs()
 }
 
 // Stop closes every connection at once.
@@ -237,19 +240,20 @@ func (s *Server) Stop() {
 	s.mu.Unlock()
 	s.inner.Stop()
 	s.innerL.Close()
+	s.releaseHandoffs()
 	s.wg.Wait()
 }
 
-// drainStreams ends the streaming calls that pass through (those of the
+// drainStreams ends the endless streams that pass through (those of the
 // gRPC handler end by themselves, Relay.handleStream): Unavailable, as
-// before.
+// before; the other streams run on, as unary calls do (drain.go).
 func (s *Server) drainStreams() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for sess := range s.sessions {
 		sess.mu.Lock()
 		for _, st := range sess.streams {
-			if !st.unary && st.up != nil && st.up.kind != upInner {
+			if endless[st.method] && st.up != nil && st.up.kind != upInner {
 				sess.failStream(st, codes.Unavailable, "inplaced is shutting down")
 			}
 		}
@@ -695,13 +699,7 @@ func (s *session) handle(p *peer, f http2.Frame) error {
 	case *http2.WindowUpdateFrame:
 		return s.windowUpdate(p, f)
 	case *http2.PingFrame:
-		if !f.IsAck() {
-			if err := s.controlFrame(p, limitPingFlood); err != nil {
-				return err
-			}
-			_ = p.fr.WritePing(true, f.Data)
-			p.dirty = true
-		}
+		return s.ping(p, f)
 	case *http2.GoAwayFrame:
 		if p.kind == down {
 			return nil // the caller opens no more streams; those open go on

@@ -267,6 +267,7 @@ func (r *run) doStartNew() error {
 		return r.e.rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: r.newID})
 	})
 	r.rec.DowntimeNs = int64(r.e.now().Sub(r.downStart))
+	r.markStarted()
 	return err
 }
 

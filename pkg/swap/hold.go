@@ -251,6 +251,7 @@ func (r *run) holdConnections() error {
 	r.holdDone = make(chan HoldResult, 1)
 	r.listeners = make(chan []uint16, 1)
 	r.holdListened = listened
+	r.newStarted = make(chan struct{})
 	go r.watchHold(r.ctx, h)
 	return nil
 }
@@ -262,12 +263,10 @@ func (r *run) holdConnections() error {
 // the parked SYNs, for one more limit at most. The rest are released.
 func (r *run) watchHold(ctx context.Context, h ActiveHold) {
 	missing := h.Listen(ctx, h.Start().Add(r.hold.max))
-	var never []uint16
-	for _, p := range missing {
-		if slices.Contains(r.holdListened, p) {
-			never = append(never, p)
-		}
+	if r.hold.requireListeners && len(r.required(missing)) > 0 {
+		missing = r.listenAfterStart(ctx, h)
 	}
+	never := r.required(missing)
 	r.neverListened = never
 	if r.hold.requireListeners {
 		r.listeners <- never
@@ -288,6 +287,40 @@ func (r *run) watchHold(ctx context.Context, h ActiveHold) {
 	r.emit(StepHold, fmt.Sprintf("released %s after %s (%s): %d connection attempts parked", portList(res.Ports),
 		res.Duration.Round(time.Millisecond), res.Reason, res.Parked()))
 	r.holdDone <- res
+}
+
+// listenAfterStart gives the new container the whole limit from its start
+// to listen, when the old one's stop took part of it: the verdict is about
+// the new version, not about how long the old one took to drain.
+func (r *run) listenAfterStart(ctx context.Context, h ActiveHold) []uint16 {
+	select {
+	case <-r.newStarted:
+	case <-ctx.Done():
+	}
+	return h.Listen(ctx, r.newAt.Add(r.hold.max))
+}
+
+// required are the ports among missing that the old container listened on.
+func (r *run) required(missing []uint16) []uint16 {
+	var out []uint16
+	for _, p := range missing {
+		if slices.Contains(r.holdListened, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// markStarted records that start-new has run (or will not): the hold's
+// watcher measures the new container's time to listen from here.
+func (r *run) markStarted() {
+	if r.newStarted == nil {
+		return
+	}
+	r.newOnce.Do(func() {
+		r.newAt = r.e.now()
+		close(r.newStarted)
+	})
 }
 
 // awaitListeners is the health gate's part of the hold: the new container

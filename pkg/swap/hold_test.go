@@ -210,11 +210,12 @@ func TestSwapHoldOffByAnnotation(t *testing.T) {
 }
 
 // A new container that never listens on the old one's port by the hold's
-// limit fails the health gate: the swap rolls back, and the port stays
-// held until the rolled-back container listens (the second Listen).
+// limit (counted from the hold, then again from its own start) fails the
+// health gate: the swap rolls back, and the port stays held until the
+// rolled-back container listens (the third Listen).
 func TestSwapRollsBackWhenNeverListening(t *testing.T) {
 	e := newEnv(t)
-	f := &fakeHolder{e: e, missing: [][]uint16{{8080}}}
+	f := &fakeHolder{e: e, missing: [][]uint16{{8080}, {8080}}}
 	e.eng.holder = f
 	e.create(t, e.containerReq(0), true)
 	rec := e.swap(t, &inplacedv1.Change{Image: strp("registry.local/app:v2")}, nil)
@@ -222,7 +223,7 @@ func TestSwapRollsBackWhenNeverListening(t *testing.T) {
 	if rec.State != inplacedv1.SwapState_SWAP_STATE_FAILED || !strings.Contains(rec.Error, "did not listen on port 8080") || !strings.Contains(rec.Error, "rolled back") {
 		t.Fatalf("state %s: %s", rec.State, rec.Error)
 	}
-	if listens, reason := f.active.calls(); listens != 2 || reason != HoldReleasedListening {
+	if listens, reason := f.active.calls(); listens != 3 || reason != HoldReleasedListening {
 		t.Errorf("Listen called %d times, ended %q: want the port held on until the rolled-back container listened", listens, reason)
 	}
 	if fmt.Sprint(rec.Hold.GetNeverListened()) != "[8080]" {
@@ -258,5 +259,23 @@ func TestSwapNeverListeningOptOut(t *testing.T) {
 				t.Errorf("record %v", rec.Hold)
 			}
 		})
+	}
+}
+
+// A new container that listens within the limit counted from its own start
+// commits, even when the old one's stop took most of the limit counted from
+// the hold's install.
+func TestSwapListeningAfterASlowStopCommits(t *testing.T) {
+	e := newEnv(t)
+	f := &fakeHolder{e: e, missing: [][]uint16{{8080}}}
+	e.eng.holder = f
+	e.create(t, e.containerReq(0), true)
+	rec := e.swap(t, &inplacedv1.Change{Image: strp("registry.local/app:v2")}, nil)
+	e.settled(t, rec)
+	if rec.State != inplacedv1.SwapState_SWAP_STATE_COMMITTED || len(rec.Hold.GetNeverListened()) != 0 {
+		t.Fatalf("state %s: %s; never listened %v", rec.State, rec.Error, rec.Hold.GetNeverListened())
+	}
+	if listens, reason := f.active.calls(); listens != 2 || reason != HoldReleasedListening {
+		t.Errorf("Listen called %d times, ended %q: want a second Listen from the new container's start", listens, reason)
 	}
 }

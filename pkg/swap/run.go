@@ -69,6 +69,13 @@ type run struct {
 	// the old container listened on.
 	listeners                   chan []uint16
 	neverListened, holdListened []uint16
+	// newStarted is closed once start-new has run (or the swap ended without
+	// it); newAt is when. The new container's time to listen counts
+	// from there, not from the hold's install: the old one's graceful stop
+	// is not the new one's to pay for.
+	newStarted chan struct{}
+	newOnce    sync.Once
+	newAt      time.Time
 
 	// The execution's state, owned by the run's goroutine (exec.go): the
 	// context (the fence's once it is taken), how the fence is released,
@@ -408,6 +415,7 @@ func (r *run) exitCode(ctx context.Context, id string) int32 {
 // finish records the end of the swap: history first, then the journal entry
 // goes, so a crash in between leaves a journal that recovery finds settled.
 func (r *run) finish(out fence.Outcome, state inplacedv1.SwapState, err error) {
+	r.markStarted() // a swap that ended before start-new: the hold's watcher waits for no start
 	r.endHold()
 	r.rec.State = state
 	r.rec.FinishedUnixNano = r.e.now().UnixNano()

@@ -35,14 +35,14 @@ func newEnv(t *testing.T, c *harness.Containerd, daemonEnv ...string) *env {
 
 // forEachBackend runs fn as a subtest per backend, each with its own
 // registry-mirroring containerd.
-func forEachBackend(t *testing.T, fn func(t *testing.T, c *harness.Containerd)) {
+func forEachBackend(t *testing.T, fn func(t *testing.T, c *harness.Containerd), opts ...harness.Option) {
 	harness.RequireRoot(t)
 	backends := harness.BackendsFromEnv()
 	harness.Require(t, "a containerd backend", len(backends) > 0, "no containerd found; run hack/install-deps.sh")
 	reg := harness.StartRegistry(t)
 	for _, b := range backends {
 		t.Run(string(b), func(t *testing.T) {
-			c := harness.StartContainerd(t, b, reg)
+			c := harness.StartContainerd(t, b, reg, opts...)
 			fn(t, c)
 		})
 	}

@@ -52,18 +52,12 @@ var appShapes = []appShape{
 // a sidecar's, whose clients never wait.
 func TestHoldAppShapes(t *testing.T) {
 	requireNft(t)
-	harness.RequireRoot(t)
-	backends := harness.BackendsFromEnv()
-	harness.Require(t, "a containerd backend", len(backends) > 0, "no containerd found; run hack/install-deps.sh")
-	reg := harness.StartRegistry(t)
-	for _, b := range backends {
-		t.Run(string(b), func(t *testing.T) {
-			e := newEnv(t, harness.StartContainerd(t, b, reg, harness.WithIPv6()))
-			for i, sh := range appShapes {
-				t.Run(sh.name, func(t *testing.T) { swapShape(t, e, fmt.Sprintf("shape%d", i), sh) })
-			}
-		})
-	}
+	forEachBackend(t, func(t *testing.T, c *harness.Containerd) {
+		e := newEnv(t, c)
+		for i, sh := range appShapes {
+			t.Run(sh.name, func(t *testing.T) { swapShape(t, e, fmt.Sprintf("shape%d", i), sh) })
+		}
+	}, harness.WithIPv6())
 }
 
 func swapShape(t *testing.T, e *env, name string, sh appShape) {

@@ -26,6 +26,11 @@ type Inplaced struct {
 	Backend       string // runtime endpoint
 	ExtraArgs     []string
 	Bin           string // the inplaced binary; "" for BinDir's
+	// Activated, when set, is the CRI socket held by the test as systemd
+	// holds a socket unit's (StartInplacedActivated): each Start passes it
+	// as systemd does — fd 3, LISTEN_FDS=1, LISTEN_PID, LISTEN_FDNAMES —
+	// and it outlives every process.
+	Activated *os.File
 
 	tb      testing.TB
 	mu      sync.Mutex
@@ -83,17 +88,26 @@ func StartInplaced(tb testing.TB, backendEndpoint string, env ...string) *Inplac
 // BinDir's), e.g. another commit's build to compare with.
 func StartInplacedBinary(tb testing.TB, bin, backendEndpoint string, env ...string) *Inplaced {
 	tb.Helper()
-	return startInplaced(tb, bin, backendEndpoint, nil, env...)
+	return startInplaced(tb, bin, backendEndpoint, nil, false, env...)
 }
 
 // StartInplacedWith is StartInplaced with extra command-line arguments
 // (ExtraArgs) from the first start on, e.g. the --kubeconfig of a node.
 func StartInplacedWith(tb testing.TB, backendEndpoint string, args []string, env ...string) *Inplaced {
 	tb.Helper()
-	return startInplaced(tb, "", backendEndpoint, args, env...)
+	return startInplaced(tb, "", backendEndpoint, args, false, env...)
 }
 
-func startInplaced(tb testing.TB, bin, backendEndpoint string, args []string, env ...string) *Inplaced {
+// StartInplacedActivated is StartInplacedWith with the CRI socket bound by
+// the test and passed to inplaced as systemd's socket activation passes
+// it: Stop or Kill then Start is a restart behind a socket that stays,
+// and a connection made in between waits in its backlog.
+func StartInplacedActivated(tb testing.TB, backendEndpoint string, args []string, env ...string) *Inplaced {
+	tb.Helper()
+	return startInplaced(tb, "", backendEndpoint, args, true, env...)
+}
+
+func startInplaced(tb testing.TB, bin, backendEndpoint string, args []string, activated bool, env ...string) *Inplaced {
 	tb.Helper()
 	dir, err := os.MkdirTemp(shortTempDir(), "ipx")
 	if err != nil {
@@ -104,8 +118,18 @@ func startInplaced(tb testing.TB, bin, backendEndpoint string, args []string, en
 		LogPath: filepath.Join(dir, "inplaced.log"), Backend: backendEndpoint, Bin: bin, ExtraArgs: args, tb: tb,
 	}
 	d.Endpoint = "unix://" + d.Socket
+	if activated {
+		f, err := holdSocket(d.Socket)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		d.Activated = f
+	}
 	tb.Cleanup(func() {
 		_ = d.Stop()
+		if d.Activated != nil {
+			d.Activated.Close()
+		}
 		if tb.Failed() {
 			tb.Logf("inplaced log tail:\n%s", d.LogTail(60))
 			saveArtifacts(tb, "-"+filepath.Base(dir), d.LogPath) // d.LogPath is <dir>/inplaced.log
@@ -137,8 +161,15 @@ func (d *Inplaced) Start(env ...string) error {
 		return err
 	}
 	cmd := exec.Command(bin, args...)
+	cmd.Env = append(filteredEnv("NOTIFY_SOCKET", "INPLACED_TEST_CRASH_AFTER", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"), env...)
+	if d.Activated != nil {
+		// LISTEN_PID is the pid of the process that runs inplaced, known
+		// only once it runs: a shell sets it to its own, then execs.
+		cmd = exec.Command("/bin/sh", append([]string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, bin}, args...)...)
+		cmd.ExtraFiles = []*os.File{d.Activated}
+		cmd.Env = append(cmd.Env, "LISTEN_FDS=1", "LISTEN_FDNAMES=inplaced.socket")
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(filteredEnv("NOTIFY_SOCKET", "INPLACED_TEST_CRASH_AFTER"), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
@@ -164,12 +195,39 @@ func (d *Inplaced) Start(env ...string) error {
 		default:
 		}
 		// A killed daemon leaves its socket files: wait until both answer.
-		if canDial(d.ControlSocket) && canDial(d.Socket) {
+		// A held CRI socket answers connect() whether a process serves it
+		// or not; the control socket is served after it.
+		if canDial(d.ControlSocket) && (d.Activated != nil || canDial(d.Socket)) {
 			return nil
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	return errors.New("inplaced sockets did not appear within 30s")
+}
+
+// holdSocket binds a listening unix socket at path, mode 0600, as a socket
+// unit does, and returns it as a file; the path is never unlinked by the
+// processes it is passed to.
+func holdSocket(path string) (*os.File, error) {
+	old := syscall.Umask(0o177)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	syscall.Umask(old)
+	if err != nil {
+		return nil, err
+	}
+	l.SetUnlinkOnClose(false)
+	defer l.Close()
+	return l.File()
+}
+
+// Signal sends sig to the running daemon without waiting.
+func (d *Inplaced) Signal(sig syscall.Signal) {
+	d.mu.Lock()
+	cmd := d.cmd
+	d.mu.Unlock()
+	if cmd != nil {
+		_ = cmd.Process.Signal(sig)
+	}
 }
 
 func canDial(path string) bool {

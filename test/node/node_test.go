@@ -206,7 +206,7 @@ func buildImage(t *testing.T, root string) string {
 //
 //	run.sh, fixture/     the guest's script and node configuration (test/node/guest/fixture)
 //	install/             what the README installs: the binaries of make build,
-//	                     config.yaml, inplaced.service, the kubelet drop-in and
+//	                     config.yaml, inplaced.service and .socket, the kubelet drop-in and
 //	                     config snippet, crictl.yaml
 //	bin/                 guest.test and resources.test (go test -c), app-v1/v2 (test/images/app)
 //	env                  written per boot: BACKEND, RUN, RESOURCES_RUN, CI
@@ -233,6 +233,7 @@ func makePayload(t *testing.T, root string) string {
 	for src, dst := range map[string]string{
 		"deploy/inplaced/config.yaml":        "config.yaml",
 		"systemd/inplaced.service":           "inplaced.service",
+		"systemd/inplaced.socket":            "inplaced.socket",
 		"deploy/kubelet/10-inplaced.conf":    "10-inplaced.conf",
 		"deploy/kubelet/kubelet-config.yaml": "kubelet-config.yaml",
 		"deploy/crictl/crictl.yaml":          "crictl.yaml",

@@ -25,7 +25,7 @@ func (h *HoldRecord) Summary() string {
 		}
 		t += ", released: " + h.Reason
 	}
-	if len(h.PortResults) > 1 || len(h.PortResults) == 1 && h.PortResults[0].Batches > 1 {
+	if len(h.PortResults) > 0 {
 		per := make([]string, len(h.PortResults))
 		for i, p := range h.PortResults {
 			per[i] = p.Summary()

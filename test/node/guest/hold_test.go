@@ -28,6 +28,12 @@ var holdShapes = []struct {
 	{"backlog 5, serial", "hbl", []string{"/app", "-backlog=5", "-serial"}},
 }
 
+// emulatedHoldMax gives these pods' holds a minute: under TCG an old
+// container's stop and a new one's start take seconds each (12 s seen with
+// the host loaded), and a hold that ends at the default 10 s would judge the
+// emulator, not the hold.
+var emulatedHoldMax = map[string]string{"inplaced.io/hold-max": "60s"}
+
 // TestHoldShapes: on cgroup v2 with the systemd driver, a node-local swap
 // of each app shape (static pods) and a kubelet-driven swap (`kubectl set
 // image` on a pod made through the API, Kubernetes mode) of a shell's child,
@@ -39,7 +45,7 @@ var holdShapes = []struct {
 func TestHoldShapes(t *testing.T) {
 	var pods []pod
 	for _, sh := range holdShapes {
-		pods = append(pods, pod{name: sh.pod, image: imgApp1, command: sh.command, readinessHTTP: 8080})
+		pods = append(pods, pod{name: sh.pod, image: imgApp1, command: sh.command, readinessHTTP: 8080, annotations: emulatedHoldMax})
 	}
 	writePods(t, pods...)
 	for _, sh := range holdShapes {
@@ -56,7 +62,7 @@ func TestHoldShapes(t *testing.T) {
 	}
 	t.Run("kubectl set image, child of a shell", func(t *testing.T) {
 		cs := kube(t)
-		createPods(t, cs, pod{name: "hapi", image: imgApp1, command: holdShapes[0].command, readinessHTTP: 8080})
+		createPods(t, cs, pod{name: "hapi", image: imgApp1, command: holdShapes[0].command, readinessHTTP: 8080, annotations: emulatedHoldMax})
 		p := waitAPIPod(t, cs, "hapi", 5*time.Minute, func(p *corev1.Pod) error {
 			if c := apiContainer(p); c == nil || !c.Ready {
 				return fmt.Errorf("not ready")

@@ -1,0 +1,468 @@
+package relay
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/net/http2"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Drain: a restart the callers do not notice.
+//
+// When systemd holds the CRI socket (socket activation), it outlives the
+// process: a connection made while no inplaced runs waits in the socket's
+// listen backlog, and the next process accepts it. What is left to do is
+// to hand the callers over without failing a call:
+//
+//  1. Connections that arrive from now on are held here (handoff, parked):
+//     the caller gets our SETTINGS, so its connection is up and its calls
+//     wait as streams rather than as a connection attempt — grpc-go gives a
+//     connection attempt MinConnectTimeout, kubelet's is 5 s
+//     (k8s.io/cri-client), shorter than a grace plus a restart; a call's
+//     own deadline is kubelet's 2 minutes.
+//  2. Every caller connection is told to open no new stream, in two steps
+//     as grpc-go's server does it: GOAWAY with the largest stream ID and a
+//     PING, then, once the PING comes back (every stream the caller opened
+//     before it read the first GOAWAY has arrived), GOAWAY with the last
+//     stream ID. No stream is refused, so no call spends here the one
+//     transparent retry grpc-go gives a call the server did not process:
+//     step 4 needs it.
+//  3. GetContainerEvents streams end at once (Unavailable; kubelet opens
+//     the stream again). Every other call in flight, the streaming lists
+//     included, runs on until it ends or ctx does; then it is cut.
+//  4. Stop (after the daemon has settled its swaps) closes our copy of the
+//     listening socket and tells each held connection to go away with last
+//     stream 0: none of its calls was processed, so grpc-go retries each, as
+//     the first retry it is allowed, on a new connection — which waits in
+//     the backlog of systemd's socket for the next process.
+//
+// Without systemd the socket is this process's own and goes with it:
+// nothing would answer what waited, so the drain closes it at once (Refuse)
+// and new connections are refused, as before there was a next process.
+
+// endless are the streaming methods whose calls never end by themselves: a
+// drain ends them at once rather than wait the whole grace for them.
+var endless = map[string]bool{runtimeapi.RuntimeService_GetContainerEvents_FullMethodName: true}
+
+// drainOf is the channel closed when a call of method must end for the
+// drain: Relay.Drain's for the endless streams, none (nil) for the rest.
+func (r *Relay) drainOf(method string) <-chan struct{} {
+	if endless[method] {
+		return r.drain
+	}
+	return nil
+}
+
+// drainTick is how often Drain looks whether the callers' connections are
+// done, and tells one that came meanwhile (accepted just before the drain
+// began) to go away.
+const drainTick = 5 * time.Millisecond
+
+// parkWriteTimeout bounds a write to a held connection: a caller that does
+// not read cannot hold up the release of the others.
+const parkWriteTimeout = time.Second
+
+// drainPing is the payload of the PING sent with a drain's first GOAWAY.
+var drainPing = [8]byte{'i', 'n', 'p', 'l', 'a', 'c', 'e', 'd'}
+
+// drainState is the server's part in a drain, guarded by Server.mu.
+type drainState struct {
+	draining bool
+	handoffs []*handoff
+	told     map[*session]bool // sessions sent the first GOAWAY
+}
+
+// DrainMode is what a drain does with the connections that arrive during
+// it.
+type DrainMode int
+
+const (
+	// HandOff holds them until Stop, which sends them to the next process
+	// on the same socket: for a socket that outlives this process
+	// (systemd's).
+	HandOff DrainMode = iota
+	// Refuse closes the listener at once: for a socket this process bound
+	// itself, which goes with it.
+	Refuse
+)
+
+// Drain stops the server taking new calls and lets the calls in flight end
+// until ctx does; it then cuts what still runs and returns ctx's error.
+// mode says what becomes of the connections that arrive meanwhile (see the
+// steps above).
+func (s *Server) Drain(ctx context.Context, mode DrainMode) error {
+	s.mu.Lock()
+	s.drain.draining = true
+	for _, h := range s.drain.handoffs {
+		if mode == Refuse {
+			h.refuse()
+		} else {
+			h.park()
+		}
+	}
+	s.mu.Unlock()
+	s.r.Drain()
+	if s.r.grpcAll {
+		return s.drainInner(ctx)
+	}
+	t := time.NewTicker(drainTick)
+	defer t.Stop()
+	for s.goAwayAll() > 0 {
+		select {
+		case <-ctx.Done():
+			s.mu.Lock()
+			for sess := range s.sessions {
+				sess.closeAsync()
+			}
+			s.mu.Unlock()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// drainInner is Drain with every caller connection grpc-go's server's own
+// (WithGRPCServer): its GracefulStop sends the two GOAWAYs and waits.
+func (s *Server) drainInner(ctx context.Context) error {
+	// A connection grpc-go accepted just before the drain must reach its
+	// transports first: one its GracefulStop finds still in its accept path
+	// is closed unanswered, which fails the caller's connection attempt.
+	time.Sleep(drainTick)
+	done := make(chan struct{})
+	go func() { s.inner.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		s.inner.Stop()
+		<-done
+		return ctx.Err()
+	}
+}
+
+// goAwayAll tells the caller connections not told yet to open no new
+// stream, and says how many are still open.
+func (s *Server) goAwayAll() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.drain.told == nil {
+		s.drain.told = map[*session]bool{}
+	}
+	for sess := range s.sessions {
+		if !s.drain.told[sess] && sess.drainSoon() {
+			s.drain.told[sess] = true
+		}
+	}
+	return len(s.sessions)
+}
+
+// handoff wraps a listener Serve is given.
+func (s *Server) handoff(lis net.Listener) net.Listener {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := newHandoff(lis, s.r.ioTimeout, s.r.log)
+	if s.drain.draining {
+		h.refuse() // Serve after Drain began: nothing to hand over
+	}
+	s.drain.handoffs = append(s.drain.handoffs, h)
+	return h
+}
+
+// releaseHandoffs closes the listeners and tells the held connections to
+// go. It comes after grpc-go's server has stopped: a listener closed under
+// its Serve makes Serve return the error.
+func (s *Server) releaseHandoffs() {
+	s.mu.Lock()
+	hs := s.drain.handoffs
+	s.mu.Unlock()
+	for _, h := range hs {
+		h.release()
+	}
+}
+
+// drainSoon sends the drain's first GOAWAY and its PING, and says whether
+// it did: not before our SETTINGS (the caller's preface is still to come:
+// the next tick will), nor on a connection that is ending.
+func (s *session) drainSoon() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.started || s.closed || s.goingAway {
+		return s.closed || s.goingAway
+	}
+	_ = s.down.fr.WriteGoAway(1<<31-1, http2.ErrCodeNo, nil)
+	_ = s.down.fr.WritePing(false, drainPing)
+	s.down.dirty = true
+	s.flush()
+	return true
+}
+
+// ping is a PING from p: acknowledged; the caller's acknowledgement of the
+// drain's PING is the moment for the last GOAWAY.
+func (s *session) ping(p *peer, f *http2.PingFrame) error {
+	if f.IsAck() {
+		if p == s.down && f.Data == drainPing {
+			s.goAwayLocked()
+		}
+		return nil
+	}
+	if err := s.controlFrame(p, limitPingFlood); err != nil {
+		return err
+	}
+	_ = p.fr.WritePing(true, f.Data)
+	p.dirty = true
+	return nil
+}
+
+// handoff is the listener a Server accepts on. It hands each connection on
+// until the drain begins (park), then holds the new ones itself, until
+// release. Its own goroutine accepts, so that grpc-go's server, whose
+// GracefulStop closes its listener at once, stops being handed connections
+// while they are still taken and held.
+type handoff struct {
+	l       net.Listener
+	conns   chan net.Conn
+	errs    chan error
+	quit    chan struct{} // closed by Close and release: Accept returns
+	quitted sync.Once
+	timeout time.Duration // the caller's preface
+	log     *zap.Logger
+
+	mu       sync.Mutex
+	parking  bool
+	refusing bool // the listener was closed for the drain: Accept waits for Close
+	released bool
+	parked   map[*parkedConn]bool
+}
+
+func newHandoff(l net.Listener, timeout time.Duration, log *zap.Logger) *handoff {
+	h := &handoff{l: l, conns: make(chan net.Conn), errs: make(chan error), quit: make(chan struct{}),
+		timeout: timeout, log: log, parked: map[*parkedConn]bool{}}
+	go h.accept()
+	return h
+}
+
+func (h *handoff) accept() {
+	for {
+		c, err := h.l.Accept()
+		if err != nil {
+			if h.refused() {
+				return
+			}
+			select {
+			case h.errs <- err:
+			case <-h.quit:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return
+		}
+		if h.hold(c) {
+			continue
+		}
+		select {
+		case h.conns <- c:
+		case <-h.quit:
+			if !h.hold(c) {
+				c.Close()
+			}
+		}
+	}
+}
+
+// Accept returns the next connection while the server serves.
+func (h *handoff) Accept() (net.Conn, error) {
+	select {
+	case c := <-h.conns:
+		return c, nil
+	case err := <-h.errs:
+		return nil, err
+	case <-h.quit:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close ends Accept. The listener itself stays open while a drain holds
+// connections on it: release closes it.
+func (h *handoff) Close() error {
+	h.quitted.Do(func() { close(h.quit) })
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.parking && !h.released {
+		return nil
+	}
+	return h.l.Close()
+}
+
+func (h *handoff) Addr() net.Addr { return h.l.Addr() }
+
+// refuse closes the listener now; Accept returns only once Close is
+// called, as the server stops.
+func (h *handoff) refuse() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.refusing = true
+	_ = h.l.Close()
+}
+
+func (h *handoff) refused() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.refusing
+}
+
+// park makes the connections accepted from now on held here.
+func (h *handoff) park() {
+	h.mu.Lock()
+	h.parking = true
+	h.mu.Unlock()
+}
+
+// hold keeps c, if the drain has begun.
+func (h *handoff) hold(c net.Conn) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.parking {
+		return false
+	}
+	p := &parkedConn{c: c, bw: bufio.NewWriterSize(c, 4096), gone: h.released}
+	p.fr = http2.NewFramer(p.bw, bufio.NewReader(c))
+	p.fr.SetMaxReadFrameSize(frameSize)
+	h.parked[p] = true
+	go func() {
+		p.serve(h.timeout)
+		h.mu.Lock()
+		delete(h.parked, p)
+		h.mu.Unlock()
+	}()
+	return true
+}
+
+// release closes the listener — our copy of systemd's socket, which stays
+// open in systemd — then tells every held connection to go away.
+func (h *handoff) release() {
+	h.quitted.Do(func() { close(h.quit) })
+	h.mu.Lock()
+	if h.released {
+		h.mu.Unlock()
+		return
+	}
+	h.released = true
+	_ = h.l.Close()
+	held := make([]*parkedConn, 0, len(h.parked))
+	for p := range h.parked {
+		held = append(held, p)
+	}
+	h.mu.Unlock()
+	if len(held) > 0 {
+		h.log.Info("connections made during the drain told to reconnect: to the next process on the same socket", zap.Int("connections", len(held)))
+	}
+	for _, p := range held {
+		p.release()
+	}
+}
+
+// parkedConn is a caller's connection accepted during a drain: greeted with
+// our SETTINGS, its PINGs and SETTINGS acknowledged, its streams left
+// unanswered until release sends GOAWAY with last stream 0.
+type parkedConn struct {
+	c  net.Conn
+	fr *http2.Framer // reads by serve, writes under mu
+
+	mu      sync.Mutex
+	bw      *bufio.Writer
+	greeted bool // our SETTINGS went out
+	gone    bool // released: GOAWAY sent, or to be sent once greeted
+}
+
+func (p *parkedConn) serve(timeout time.Duration) {
+	defer p.c.Close()
+	_ = p.c.SetReadDeadline(time.Now().Add(timeout))
+	var preface [len(http2.ClientPreface)]byte
+	if _, err := io.ReadFull(p.c, preface[:]); err != nil || string(preface[:]) != http2.ClientPreface {
+		return
+	}
+	_ = p.c.SetReadDeadline(time.Time{})
+	p.mu.Lock()
+	_ = p.fr.WriteSettings(http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: maxStreams})
+	p.greeted = true
+	if p.gone {
+		p.goAwayLocked()
+		p.mu.Unlock()
+		return
+	}
+	p.flushLocked()
+	p.mu.Unlock()
+	for ctrl := 0; ctrl <= maxControlFrames; {
+		f, err := p.fr.ReadFrame()
+		if err != nil {
+			return
+		}
+		ctrl += p.answer(f)
+	}
+}
+
+// answer acknowledges a SETTINGS or PING frame and says whether it was one
+// (they are bounded as the router bounds them: maxControlFrames).
+func (p *parkedConn) answer(f http2.Frame) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch f := f.(type) {
+	case *http2.SettingsFrame:
+		if !f.IsAck() {
+			_ = p.fr.WriteSettingsAck()
+			p.flushLocked()
+			return 1
+		}
+	case *http2.PingFrame:
+		if !f.IsAck() {
+			_ = p.fr.WritePing(true, f.Data)
+			p.flushLocked()
+			return 1
+		}
+	}
+	return 0
+}
+
+func (p *parkedConn) release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gone {
+		return
+	}
+	p.gone = true
+	if p.greeted {
+		p.goAwayLocked()
+	}
+}
+
+// goAwayLocked tells the caller that none of its streams was processed
+// (last stream 0), and closes.
+func (p *parkedConn) goAwayLocked() {
+	_ = p.fr.WriteGoAway(0, http2.ErrCodeNo, nil)
+	p.flushLocked()
+	_ = p.c.Close()
+}
+
+func (p *parkedConn) flushLocked() {
+	_ = p.c.SetWriteDeadline(time.Now().Add(parkWriteTimeout))
+	_ = p.bw.Flush()
+}
+
+// lateConn is a connection accepted as the server stops or drains: held
+// for the next process while the drain holds connections, else closed.
+func (s *Server) lateConn(lis net.Listener, c net.Conn) {
+	if h, ok := lis.(*handoff); ok && h.hold(c) {
+		return
+	}
+	c.Close()
+}
