@@ -94,12 +94,21 @@ test-unit:
 # qemu-user does not translate (pkg/hold's network namespace tests:
 # sock_diag and nfnetlink). The relay's grpc-mode pass re-executes the test
 # binary, which needs binfmt_misc, so it runs as a second go test instead.
-# Left out: pkg/kubeclient, whose tests compare its requests with
-# client-go's (the same on every architecture, and client-go is a third of
-# the arm64 build), and cmd/kubectl-inplace (a client's CLI, its API
-# machinery the same). docs/performance.md has the time it takes.
+# Every package under pkg/ takes part but these (each tested natively by
+# test-unit):
+#   pkg/kubeclient  its tests compare its requests with client-go's, the
+#                   same on every architecture, and client-go would be a
+#                   third of the arm64 build;
+#   pkg/takeover    its tests run runc containers, seccomp user notification
+#                   and pidfd_getfd, none of which qemu-user translates (the
+#                   seccomp syscalls answer ENOSYS), and re-execute the test
+#                   binary; its syscall tables (internal/seccomp) take part.
+# Of cmd/, inplacectl: inplaced's tests re-execute the test binary as the
+# daemon; kubectl-inplace's and inplaced-installer's are API machinery and
+# chart rendering, the same on every architecture.
+# docs/performance.md has the time it takes.
 ARM64_TEST = GOARCH=arm64 CGO_ENABLED=0 $(GO) test -count=1 -vet=off -tags qemu_user -exec qemu-aarch64-static
-ARM64_TEST_PKGS = $(shell $(GO) list ./pkg/... | grep -v '/pkg/kubeclient$$') ./cmd/inplaced ./cmd/inplacectl
+ARM64_TEST_PKGS = $(filter-out %/pkg/kubeclient %/pkg/takeover,$(shell $(GO) list ./pkg/...)) ./cmd/inplacectl
 test-arm64:
 	@command -v qemu-aarch64-static >/dev/null || { echo "no qemu-aarch64-static: run hack/install-deps.sh"; exit 1; }
 	$(ARM64_TEST) -skip '^TestThroughGRPCServer$$' $(ARM64_TEST_PKGS)
