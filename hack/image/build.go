@@ -107,7 +107,10 @@ func platformImage(s Spec, p v1.Platform, files v1.Layer) (v1.Image, error) {
 	}
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	img, err = mutate.AppendLayers(img, files, bins)
+	created := v1.Time{Time: s.Created}
+	img, err = mutate.Append(img,
+		mutate.Addendum{Layer: files, History: v1.History{Created: created, CreatedBy: "hack/image: host files in " + HostFilesDir}},
+		mutate.Addendum{Layer: bins, History: v1.History{Created: created, CreatedBy: "hack/image: " + strings.Join(s.Bins, " ") + " in " + BinDir}})
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +120,7 @@ func platformImage(s Spec, p v1.Platform, files v1.Layer) (v1.Image, error) {
 	}
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture, cf.Variant = p.OS, p.Architecture, p.Variant
-	cf.Created = v1.Time{Time: s.Created}
+	cf.Created = created
 	cf.Config.Env = []string{"PATH=" + BinDir + ":/usr/sbin:/usr/bin:/sbin:/bin"}
 	cf.Config.WorkingDir = "/"
 	cf.Config.Labels = labels(s)
