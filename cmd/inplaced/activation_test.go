@@ -66,8 +66,8 @@ func (fakeBackend) Version(context.Context, *runtimeapi.VersionRequest) (*runtim
 	return &runtimeapi.VersionResponse{RuntimeName: "fake-backend"}, nil
 }
 
-// listening is a socket bound at path as a socket unit binds it, held by
-// the test as systemd holds it.
+// listening is a socket bound at path as a socket unit binds it, kept open
+// by the test as systemd keeps it.
 func listening(t *testing.T, path string) *os.File {
 	t.Helper()
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})

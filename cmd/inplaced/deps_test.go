@@ -21,7 +21,7 @@ import (
 // of resident memory at start); pkg/resources copies the two small
 // functions it used from that package instead.
 //
-// client-go's gentype (it holds the fake clients too, so it links
+// client-go's gentype (it has the fake clients too, so it links
 // k8s.io/client-go/testing) and tools/record both bring strategic merge
 // patch, managed fields and the OpenAPI models (gnostic, kube-openapi's
 // validation): 4.4 MB of binary and 1.3 MB of resident memory at start.

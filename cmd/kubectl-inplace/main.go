@@ -1,7 +1,7 @@
 // Command kubectl-inplace is a kubectl plugin (`kubectl inplace`): it asks
 // inplaced for in-place swaps through the pod API — the inplaced.io/swap
 // annotation — and follows the inplaced.io/swap-status annotation that the
-// inplaced on the pod's node writes back (pkg/kube/podapi holds that contract).
+// inplaced on the pod's node writes back (pkg/kube/podapi is that contract).
 // Nothing here talks to a node: it needs only a kubeconfig that may get,
 // watch and patch pods.
 package main

@@ -377,7 +377,7 @@ func (f *follower) printEnd(st *podapi.SwapStatus) {
 }
 
 // change says what a swap changed, from its status: the image from → to,
-// env names added (+) and removed (-) — the status holds no env values —
+// env names added (+) and removed (-) — the status has no env values —
 // a new command or args.
 func change(st *podapi.SwapStatus) string {
 	if st.From == nil || st.To == nil {

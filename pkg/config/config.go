@@ -1,4 +1,4 @@
-// Package config holds inplaced's configuration: defaults in one place, a
+// Package config defines inplaced's configuration: defaults in one place, a
 // YAML file, and validation with errors that say what to change.
 package config
 
@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
+	"github.com/inplaced/inplaced/pkg/holdmode"
 	"github.com/inplaced/inplaced/pkg/runtimeclass"
 )
 
@@ -29,7 +30,7 @@ type Config struct {
 	RuntimeEndpoint string `json:"runtimeEndpoint"`
 	// ImageEndpoint is the backend image service; empty means RuntimeEndpoint.
 	ImageEndpoint string `json:"imageEndpoint"`
-	// StateDir holds the state store and swap journal.
+	// StateDir is where the state store and swap journal are kept.
 	StateDir string `json:"stateDir"`
 	// ControlSocket serves the inplaced control API.
 	ControlSocket string `json:"controlSocket"`
@@ -53,11 +54,13 @@ type Config struct {
 	// running swap on it.
 	FenceTimeout Duration `json:"fenceTimeout"`
 	// RuntimeClasses say where each runtime handler's sandboxes have their
-	// CPU and memory limits enforced, in front of the built-in table (runc,
-	// crun: container-cgroups; runsc: sandbox-cgroup; kata*: vm; other
-	// handlers by the runtime type containerd reports, else treated as
-	// unknown: through the runtime only, nothing claimed as verified). See
-	// package runtimeclass.
+	// CPU and memory limits enforced and whose network stack their sockets
+	// live in, in front of the built-in table (runc, crun: container-cgroups
+	// on the host kernel; runsc: sandbox-cgroup, kata*: vm, each with a
+	// network stack of its own; other handlers by the runtime type
+	// containerd reports, else treated as unknown: resized through the
+	// runtime only, nothing claimed as verified, the connection hold
+	// tried). See package runtimeclass.
 	RuntimeClasses []RuntimeClass `json:"runtimeClasses"`
 	// VMRuntimeHandlers is the older spelling of runtimeClasses entries with
 	// enforcement vm; kept so that existing config files still load.
@@ -131,7 +134,7 @@ func Default() Config {
 		AffinityDrift:    "warn",
 		KubeletRootDir:   "/var/lib/kubelet",
 		Relay:            "router",
-		ConnectionHold:   "queue",
+		ConnectionHold:   string(holdmode.Default),
 		HoldMax:          Duration(10 * time.Second),
 		RequireListeners: true,
 	}
@@ -202,7 +205,7 @@ func (c Config) EffectiveImageEndpoint() string {
 func (c Config) Validate() error {
 	var errs []error
 	for _, check := range []func() []error{
-		c.socketProblems, c.endpointProblems, c.wordProblems, c.holdMaxProblems,
+		c.socketProblems, c.endpointProblems, c.wordProblems, c.holdProblems,
 		c.metricsProblems, c.kubernetesProblems, c.timeoutProblems,
 	} {
 		errs = append(errs, check()...)
@@ -256,13 +259,22 @@ func (c Config) wordProblems() []error {
 		{"on-pull-failure", c.OnPullFailure, []string{"keep-running", "pass-through"}},
 		{"affinity-drift", c.AffinityDrift, []string{"warn", "refuse"}},
 		{"relay", c.Relay, []string{"router (the default)", "grpc"}},
-		{"connection-hold", c.ConnectionHold, []string{"queue", "drop", "off"}},
 	} {
 		if !slices.ContainsFunc(e.want, func(w string) bool { first, _, _ := strings.Cut(w, " "); return first == e.value }) {
 			errs = append(errs, fmt.Errorf("--%s %q: want %s", e.name, e.value, oneOf(e.want)))
 		}
 	}
 	return errs
+}
+
+// holdProblems: a swap's connection hold, its mode (read as the swap
+// engine and the pod annotation read it) and its bound.
+func (c Config) holdProblems() []error {
+	var errs []error
+	if _, err := holdmode.Parse(c.ConnectionHold); err != nil {
+		errs = append(errs, fmt.Errorf("--connection-hold %w", err))
+	}
+	return append(errs, c.holdMaxProblems()...)
 }
 
 // holdMaxProblems: the bound of a swap's connection hold.
@@ -339,6 +351,12 @@ type RuntimeClass struct {
 	Handler string `json:"handler"`
 	// Enforcement is container-cgroups, sandbox-cgroup or vm.
 	Enforcement string `json:"enforcement"`
+	// NetworkStack is whose network stack the sandbox's sockets live in:
+	// host-kernel (the pod's network namespace, where a swap's connection
+	// hold sees the new process listen) or sandbox (a stack of the
+	// sandbox's own: the hold is off). Empty: host-kernel for
+	// container-cgroups, sandbox for sandbox-cgroup and vm.
+	NetworkStack string `json:"networkStack"`
 	// PodOverhead is added to the sum of the containers' limits for a
 	// sandbox-cgroup pod whose sandbox config declares no overhead of its own
 	// (kubelet passes a RuntimeClass's overhead there).
@@ -354,7 +372,8 @@ func (c Config) RuntimeClassTable() (*runtimeclass.Table, error) {
 	var classes []runtimeclass.Class
 	named := map[string]bool{}
 	for _, rc := range c.RuntimeClasses {
-		cl := runtimeclass.Class{Handler: rc.Handler, Enforcement: runtimeclass.Enforcement(rc.Enforcement)}
+		cl := runtimeclass.Class{Handler: rc.Handler, Enforcement: runtimeclass.Enforcement(rc.Enforcement),
+			NetworkStack: runtimeclass.NetworkStack(rc.NetworkStack)}
 		if q := rc.PodOverhead.CPU; q != nil {
 			cl.Overhead.CPUMillis = q.MilliValue()
 		}

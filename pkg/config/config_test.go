@@ -40,6 +40,10 @@ func TestValidate(t *testing.T) {
 		{"bad log format", func(c *Config) { c.LogFormat = "text" }, []string{"--log-format", "text"}},
 		{"grpc relay", func(c *Config) { c.Relay = "grpc" }, nil},
 		{"bad relay", func(c *Config) { c.Relay = "h2" }, []string{"--relay", "h2", "router"}},
+		{"connection hold drop", func(c *Config) { c.ConnectionHold = "drop" }, nil},
+		{"connection hold spelled as the annotation may be", func(c *Config) { c.ConnectionHold = " Off" }, nil},
+		{"bad connection hold", func(c *Config) { c.ConnectionHold = "park" }, []string{`--connection-hold "park": use queue, drop or off`}},
+		{"hold max too long", func(c *Config) { c.HoldMax = Duration(6 * time.Minute) }, []string{"--hold-max 6m0s", "up to 5m"}},
 		{"zero shutdown grace", func(c *Config) { c.ShutdownGrace = 0 }, []string{"shutdownGrace", "--shutdown-grace"}},
 		{"zero fence timeout", func(c *Config) { c.FenceTimeout = 0 }, []string{"fenceTimeout"}},
 		{"negative health min runtime", func(c *Config) { c.HealthMinRuntime = Duration(-time.Second) }, []string{"healthMinRuntime"}},
@@ -211,6 +215,9 @@ runtimeClasses:
   podOverhead: {cpu: 250m, memory: 64Mi}
 - handler: secure*
   enforcement: vm
+- handler: runsc-hostnet
+  enforcement: sandbox-cgroup
+  networkStack: host-kernel
 vmRuntimeHandlers: [kata-old]
 `), 0o644); err != nil {
 		t.Fatal(err)
@@ -230,11 +237,22 @@ vmRuntimeHandlers: [kata-old]
 		t.Errorf("kata-fc: %+v", cl)
 	}
 	for _, h := range []string{"secure-1", "kata-old"} {
-		if cl := tab.Lookup(h, ""); cl.Enforcement != runtimeclass.VM || cl.Source != "config" {
-			t.Errorf("%s: %+v, want vm from config", h, cl)
+		if cl := tab.Lookup(h, ""); cl.Enforcement != runtimeclass.VM || cl.Source != "config" || !cl.OwnNetworkStack() {
+			t.Errorf("%s: %+v, want vm with a network stack of its own from config", h, cl)
 		}
 	}
+	if cl := tab.Lookup("runsc-hostnet", ""); cl.Enforcement != runtimeclass.SandboxCgroup || cl.NetworkStack != runtimeclass.HostKernel {
+		t.Errorf("runsc-hostnet: %+v, want sandbox-cgroup on the host kernel's network stack", cl)
+	}
+	if cl := tab.Lookup("kata-fc", ""); cl.NetworkStack != runtimeclass.SandboxStack {
+		t.Errorf("kata-fc names no network stack: %+v, want the sandbox's, as every sandbox-cgroup runtime known", cl)
+	}
 
+	c.RuntimeClasses[2].NetworkStack = "host"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), `network stack "host": want host-kernel or sandbox`) {
+		t.Errorf("Validate of a bad network stack: %v", err)
+	}
+	c.RuntimeClasses[2].NetworkStack = ""
 	c.RuntimeClasses[1].Enforcement = "cgroups"
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), `enforcement "cgroups": want container-cgroups, sandbox-cgroup or vm`) {
 		t.Errorf("Validate of a bad enforcement: %v", err)

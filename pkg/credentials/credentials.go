@@ -20,7 +20,7 @@
 // could not read (but one that does not exist: kubelet skips that too), a
 // plugin that failed, a plugin that wants the pod's service-account token
 // (inplaced does not request tokens). A lookup with such a gap is not
-// Complete: kubelet may hold credentials inplaced lacks.
+// Complete: kubelet may have credentials inplaced lacks.
 //
 // Credentials never leave this package but in Result.Credentials; every
 // message names sources only.

@@ -30,6 +30,7 @@ import (
 	"github.com/inplaced/inplaced/pkg/relay"
 	"github.com/inplaced/inplaced/pkg/resize"
 	"github.com/inplaced/inplaced/pkg/resources"
+	"github.com/inplaced/inplaced/pkg/runtimeclass"
 	"github.com/inplaced/inplaced/pkg/store"
 	"github.com/inplaced/inplaced/pkg/swap"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
@@ -52,7 +53,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	return d.serve(ctx)
 }
 
-// daemon holds what Run builds, and the undo of each part (closers).
+// daemon is what Run builds, with the undo of each part (closers).
 type daemon struct {
 	cfg     config.Config
 	log     *zap.Logger
@@ -148,10 +149,16 @@ func (d *daemon) newEngine(ctx context.Context) error {
 		return err
 	}
 	d.onClose(func() { d.puller.Close() })
+	// One table for both: the swap asks a class for its network stack, the
+	// resizer for where its limits are enforced.
+	classes, err := d.cfg.RuntimeClassTable()
+	if err != nil {
+		return err
+	}
 	d.engine, err = swap.New(swap.Options{
 		Runtime: d.rt, Images: d.images,
 		Store: d.st, Fences: d.fences, Kubelet: d.view, Logger: d.log.Named("swap"), HealthMinRuntime: d.cfg.HealthMinRuntime.D(),
-		Observer: d.obs.swap, Puller: d.puller,
+		Observer: d.obs.swap, Puller: d.puller, Classes: classes,
 		Holder: holder{oneBatch: os.Getenv(HoldOneBatchEnv) == "1"}, ConnectionHold: d.cfg.ConnectionHold, HoldMax: d.cfg.HoldMax.D(),
 		ListenersOptional: !d.cfg.RequireListeners,
 		// The keeper is made just below, from the engine; swaps start only
@@ -163,7 +170,7 @@ func (d *daemon) newEngine(ctx context.Context) error {
 	}
 	d.keeper = &stateKeeper{st: d.st, board: d.board, engine: d.engine, log: d.log.Named("state")}
 	d.keeper.start(ctx)
-	resizer, err := newResizer(d.cfg, d.rt, resizeRecorder{d.st, d.obs}, d.fences, d.log.Named("resize"))
+	resizer, err := newResizer(d.cfg, classes, d.rt, resizeRecorder{d.st, d.obs}, d.fences, d.log.Named("resize"))
 	if err != nil {
 		return err
 	}
@@ -323,7 +330,7 @@ func (d *daemon) shutDown(srv *relay.Server, fromSystemd bool, stopSide func()) 
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	// systemd's socket outlives this process: what comes during the drain
-	// is held for the next one. A socket of our own goes with us.
+	// waits in its queue for the next one. A socket of our own goes with us.
 	mode := relay.Refuse
 	if fromSystemd {
 		mode = relay.HandOff
@@ -341,15 +348,11 @@ func (d *daemon) shutDown(srv *relay.Server, fromSystemd bool, stopSide func()) 
 // newResizer makes the in-place resizer for the control API and kubelet's
 // UpdateContainerResources. Without a usable cgroup hierarchy it still
 // resizes, through the backend only, and says so.
-func newResizer(cfg config.Config, rt runtimeapi.RuntimeServiceClient, st resize.Recorder, fences *fence.Registry, log *zap.Logger) (*resize.Resizer, error) {
+func newResizer(cfg config.Config, classes *runtimeclass.Table, rt runtimeapi.RuntimeServiceClient, st resize.Recorder, fences *fence.Registry, log *zap.Logger) (*resize.Resizer, error) {
 	cg, err := resources.New(cfg.CgroupRoot)
 	if err != nil {
 		log.Warn("no cgroup hierarchy: resizes go through the backend only, unverified on the host", zap.String("cgroup_root", cfg.CgroupRoot), zap.Error(err))
 		cg = nil
-	}
-	classes, err := cfg.RuntimeClassTable()
-	if err != nil {
-		return nil, err
 	}
 	return resize.New(resize.Options{Runtime: rt, Cgroups: cg, Store: st, Fences: fences, Classes: classes, Logger: log})
 }

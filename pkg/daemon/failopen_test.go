@@ -43,17 +43,17 @@ func TestFailOpen(t *testing.T) {
 	if err := os.WriteFile(stateDB, junk, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	held, err := net.Listen("tcp", "127.0.0.1:0")
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer held.Close()
+	defer busy.Close()
 	cfg := config.Default()
 	cfg.Listen = filepath.Join(dir, "cri.sock")
 	cfg.ControlSocket = filepath.Join(dir, "ctl.sock")
 	cfg.StateDir = stateDir
 	cfg.RuntimeEndpoint = be.Endpoint
-	cfg.MetricsListen = held.Addr().String()
+	cfg.MetricsListen = busy.Addr().String()
 	cfg.Kubeconfig = filepath.Join(dir, "kubelet.conf")
 	cfg.NodeName = "node-a"
 	cfg.CgroupRoot = dir // no cgroup hierarchy: resizes via the backend only
@@ -142,7 +142,7 @@ func TestFailOpen(t *testing.T) {
 	if err := os.Rename(stateDB, stateDB+".damaged"); err != nil {
 		t.Fatal(err)
 	}
-	held.Close()
+	busy.Close()
 	waitFor(t, 15*time.Second, "state and metrics back", func() error {
 		st, err := ctl.Status(context.Background(), &inplacedv1.StatusRequest{})
 		if err != nil {

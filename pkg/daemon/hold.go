@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/inplaced/inplaced/pkg/hold"
+	"github.com/inplaced/inplaced/pkg/holdmode"
 	"github.com/inplaced/inplaced/pkg/swap"
 )
 
@@ -30,16 +31,12 @@ func (holder) Ports(netns string, pid int, declared []uint16) (swap.HoldPorts, e
 	return swap.HoldPorts{Hold: p.Hold, Listened: p.Observed}, err
 }
 
-func (hd holder) Hold(ctx context.Context, netns string, ports []uint16, mode string) (swap.ActiveHold, error) {
-	m, err := hold.ParseMode(mode)
-	if err != nil {
-		return nil, err
-	}
+func (hd holder) Hold(ctx context.Context, netns string, ports []uint16, mode holdmode.Mode) (swap.ActiveHold, error) {
 	var opts []hold.Option
 	if hd.oneBatch {
 		opts = append(opts, hold.OneBatch())
 	}
-	h, err := hold.Hold(ctx, netns, ports, m, opts...)
+	h, err := hold.Hold(ctx, netns, ports, mode, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -50,8 +47,8 @@ func (holder) Remove(netns string) ([]string, error) { return hold.Remove(netns)
 
 type activeHold struct{ h *hold.Held }
 
-func (a activeHold) Mode() string { return string(a.h.Mode()) }
-func (a activeHold) Why() string  { return a.h.Why() }
+func (a activeHold) Mode() holdmode.Mode { return a.h.Mode() }
+func (a activeHold) Why() string         { return a.h.Why() }
 func (a activeHold) Quiesce(ctx context.Context, max time.Duration) time.Duration {
 	return a.h.Quiesce(ctx, max)
 }

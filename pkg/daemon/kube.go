@@ -38,10 +38,10 @@ type kubeSlot struct {
 	kc         atomic.Pointer[kube.Controller]
 }
 
-// HoldStop implements intercept.StopHolder.
-func (s *kubeSlot) HoldStop(ctx context.Context, req *runtimeapi.StopContainerRequest) (intercept.StopDecision, error) {
+// SwapInsteadOfStop implements intercept.StopHolder.
+func (s *kubeSlot) SwapInsteadOfStop(ctx context.Context, req *runtimeapi.StopContainerRequest) (intercept.StopDecision, error) {
 	if kc := s.kc.Load(); kc != nil {
-		return kc.HoldStop(ctx, req)
+		return kc.SwapInsteadOfStop(ctx, req)
 	}
 	return intercept.StopDecision{}, nil
 }

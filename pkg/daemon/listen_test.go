@@ -39,18 +39,18 @@ func TestTakeActivated(t *testing.T) {
 	defer otherF.Close()
 	// An accepted connection's local address is the listening path: a
 	// connection, not a listener, and never taken.
-	held, err := net.FileListener(criF)
+	ln, err := net.FileListener(criF)
 	if err != nil {
 		t.Fatal(err)
 	}
-	held.(*net.UnixListener).SetUnlinkOnClose(false)
-	defer held.Close()
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	defer ln.Close()
 	client, err := net.Dial("unix", cri)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	server, err := held.Accept()
+	server, err := ln.Accept()
 	if err != nil {
 		t.Fatal(err)
 	}

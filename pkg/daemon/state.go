@@ -151,7 +151,7 @@ func (g guardedResizer) UpdateContainerResources(ctx context.Context, req *runti
 }
 
 // settle settles the journal. When the backend is not reachable yet it
-// keeps trying in the background rather than holding kubelet off; one
+// keeps trying in the background rather than keeping kubelet waiting; one
 // recovery runs at a time.
 func (k *stateKeeper) settle(ctx context.Context) {
 	if !k.settling.CompareAndSwap(false, true) {

@@ -1,6 +1,6 @@
 // Package fence keeps swaps and kubelet out of each other's way.
 //
-// A Fence is held by the swap engine for one container name in one sandbox
+// A Fence is taken by the swap engine for one container name in one sandbox
 // for the whole swap. It serializes swaps on that container, lets the CRI
 // interceptors make kubelet's calls for that name wait for the swap to end,
 // carries the snapshot of the old container that kubelet is shown while the
@@ -18,7 +18,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// ErrBusy is returned when a swap already holds the fence.
+// ErrBusy is returned when another swap has already taken the fence.
 var ErrBusy = errors.New("a swap is already running on this container")
 
 // Key names a container of a pod: sandbox ID and container name.
@@ -36,7 +36,8 @@ type Outcome struct {
 	Committed bool
 }
 
-// Fence is one swap's hold on a container name.
+// Fence is one swap's claim on a container name: while it stands, kubelet's
+// calls for the name wait for the swap (see the package documentation).
 type Fence struct {
 	Key    Key
 	SwapID string
@@ -66,7 +67,7 @@ type WaitObserver interface {
 	WaitEnded(f *Fence, waited time.Duration)
 }
 
-// Registry holds the fences of running swaps.
+// Registry keeps the fences of running swaps.
 type Registry struct {
 	mu     sync.Mutex
 	fences map[Key]*Fence
@@ -121,7 +122,7 @@ func (r *Registry) Release(f *Fence, out Outcome) {
 	close(f.done)
 }
 
-// Lookup returns the fence on key, if a swap holds it.
+// Lookup returns the fence on key, if a swap has taken it.
 func (r *Registry) Lookup(key Key) *Fence {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -36,11 +36,11 @@ func TestAcquireTwiceIsBusy(t *testing.T) {
 		r.Release(g, Outcome{})
 	}
 	if !r.Active() || r.Lookup(key) != f {
-		t.Error("the first fence is not held")
+		t.Error("the first fence is not up")
 	}
 	r.Release(f, Outcome{RunningID: "old"})
 	if r.Active() || r.Lookup(key) != nil {
-		t.Error("fence still held after Release")
+		t.Error("fence still up after Release")
 	}
 	g, _, err := r.Acquire(context.Background(), key, "swap-3", "old")
 	if err != nil {

@@ -38,7 +38,7 @@ func (f *Fence) LingerOnRelease() {
 	f.mu.Unlock()
 }
 
-// startLinger is called by Release with r.mu held.
+// startLinger is called by Release with r.mu locked.
 func (r *Registry) startLinger(f *Fence, out Outcome, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -109,7 +109,7 @@ func coveredBy(c *runtimeapi.Container, f *runtimeapi.ContainerFilter) bool {
 	return true
 }
 
-// lingersLocked reports whether a snapshot still lingers; r.mu held.
+// lingersLocked reports whether a snapshot still lingers; r.mu locked.
 func (r *Registry) lingersLocked(now time.Time) bool {
 	for id, l := range r.lingers {
 		if now.After(l.until) {

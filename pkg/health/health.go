@@ -36,7 +36,7 @@ type Problem struct {
 	BlocksSwaps bool
 }
 
-// Board holds the problems of the moment.
+// Board keeps the problems of the moment.
 type Board struct {
 	mu       sync.Mutex
 	problems map[Part]Problem

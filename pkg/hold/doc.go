@@ -4,7 +4,7 @@
 //
 // For the window only, one nftables table (owner flag: the kernel deletes it
 // when the netlink socket that made it closes, so a dead inplaced leaves no
-// rule) holds one rule per port in the pod's network namespace:
+// rule) has one rule per port in the pod's network namespace:
 //
 //	tcp dport P tcp flags & (syn|ack) == syn queue num N bypass
 //

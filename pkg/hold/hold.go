@@ -11,28 +11,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/inplaced/inplaced/pkg/holdmode"
 )
-
-// Mode is how connection attempts are held.
-type Mode string
-
-const (
-	// ModeQueue parks SYNs in NFQUEUE and accepts them when the port listens.
-	ModeQueue Mode = "queue"
-	// ModeDrop drops SYNs during the window; clients retransmit (~1 s).
-	ModeDrop Mode = "drop"
-	// ModeOff holds nothing.
-	ModeOff Mode = "off"
-)
-
-// ParseMode reads a mode as the flag and the annotation spell it.
-func ParseMode(s string) (Mode, error) {
-	switch m := Mode(strings.TrimSpace(strings.ToLower(s))); m {
-	case ModeQueue, ModeDrop, ModeOff:
-		return m, nil
-	}
-	return "", fmt.Errorf("connection hold %q: use queue, drop or off", s)
-}
 
 // Release reasons.
 const (
@@ -75,7 +56,7 @@ type PortResult struct {
 
 // Result is how a hold ended.
 type Result struct {
-	Mode  Mode
+	Mode  holdmode.Mode
 	Ports []PortResult
 	// Duration is from the install to the last release.
 	Duration time.Duration
@@ -95,7 +76,7 @@ func (r Result) Parked() int {
 
 // Held is a hold in place.
 type Held struct {
-	mode Mode
+	mode holdmode.Mode
 	why  string
 	ns   *os.File
 	d    *diag
@@ -123,8 +104,8 @@ type Held struct {
 // Hold installs a hold on ports in the network namespace at netnsPath. The
 // mode used may be weaker than asked (queue → drop): Mode and Why say. When
 // it returns an error nothing is installed.
-func Hold(ctx context.Context, netnsPath string, ports []uint16, mode Mode, opts ...Option) (_ *Held, retErr error) {
-	if mode != ModeQueue && mode != ModeDrop {
+func Hold(ctx context.Context, netnsPath string, ports []uint16, mode holdmode.Mode, opts ...Option) (_ *Held, retErr error) {
+	if mode != holdmode.Queue && mode != holdmode.Drop {
 		return nil, fmt.Errorf("hold: mode %q holds nothing", mode)
 	}
 	if len(ports) == 0 || len(ports) > MaxPorts {
@@ -150,7 +131,7 @@ func Hold(ctx context.Context, netnsPath string, ports []uint16, mode Mode, opts
 		if h.d, err = newDiag(); err != nil {
 			return err
 		}
-		if mode == ModeQueue {
+		if mode == holdmode.Queue {
 			others = queueInUse()
 		}
 		return nil
@@ -169,7 +150,7 @@ func Hold(ctx context.Context, netnsPath string, ports []uint16, mode Mode, opts
 		}
 	}
 	if others {
-		h.mode, h.why = ModeDrop, "another program uses nfnetlink_queue in this network namespace"
+		h.mode, h.why = holdmode.Drop, "another program uses nfnetlink_queue in this network namespace"
 	}
 	if err := h.installFreeSlot(ctx); err != nil {
 		return nil, err
@@ -190,10 +171,10 @@ func (h *Held) installFreeSlot(ctx context.Context) error {
 			return nil
 		}
 		if !errors.Is(err, unix.EEXIST) && !errors.Is(err, unix.EBUSY) && !errors.Is(err, unix.EPERM) {
-			if h.mode == ModeQueue {
+			if h.mode == holdmode.Queue {
 				// Never hold what cannot be released: no queue, no
 				// queue rule. Drop needs no userspace part.
-				h.mode, h.why = ModeDrop, fmt.Sprintf("queue unusable: %v", err)
+				h.mode, h.why = holdmode.Drop, fmt.Sprintf("queue unusable: %v", err)
 				slot--
 				continue
 			}
@@ -210,8 +191,8 @@ func (h *Held) installSlot(slot int) error {
 	for i, p := range h.ports {
 		h.num[p] = uint16(queueBase + slot*MaxPorts + i)
 	}
-	a := action{drop: h.mode == ModeDrop, num: h.num}
-	if h.mode == ModeQueue {
+	a := action{drop: h.mode == holdmode.Drop, num: h.num}
+	if h.mode == holdmode.Queue {
 		if err := inNetNS(h.ns, func() (err error) { h.q, err = newQueue(); return err }); err != nil {
 			return err
 		}
@@ -248,10 +229,10 @@ func queueInUse() bool {
 
 // Mode is the mode in place; Why says why it is not the one asked, or how
 // it was installed (empty when as asked, natively).
-func (h *Held) Mode() Mode  { return h.mode }
-func (h *Held) Why() string { return h.why }
+func (h *Held) Mode() holdmode.Mode { return h.mode }
+func (h *Held) Why() string         { return h.why }
 
-// Ports are the held ports; Table the nftables table holding them.
+// Ports are the held ports; Table the nftables table with their rules.
 func (h *Held) Ports() []uint16 { return slices.Clone(h.ports) }
 func (h *Held) Table() string   { return h.name }
 
@@ -356,7 +337,7 @@ func (h *Held) fresh(ls []listener) map[uint16]freshPort {
 		if h.before[l.inode] || !slices.Contains(h.ports, l.port) {
 			continue
 		}
-		// The accept queue holds backlog+1; a SYN released into a full
+		// The accept queue takes backlog+1; a SYN released into a full
 		// one is dropped and its client retransmits a second later. One
 		// slot stays free for a SYN that arrives meanwhile.
 		room := int(l.backlog) - int(l.rqueue)
@@ -445,8 +426,10 @@ func (h *Held) releaseLocked(port uint16, reason string) {
 	pr := PortResult{Port: port, Reason: reason}
 	if h.q != nil && reason == ReasonListening && !h.oneBatch {
 		// While the rule stays, a SYN that comes meanwhile is parked
-		// behind the others instead of racing them for the accept queue.
-		errs = append(errs, h.pace(port, &pr))
+		// behind the others instead of racing them for the accept queue;
+		// the rule goes once the new listener has taken what was parked,
+		// so that the SYNs that come straight to it find room.
+		errs = append(errs, h.paceUntilTaken(port, &pr))
 	}
 	errs = append(errs, h.rs.unhold(port))
 	if h.q != nil {
@@ -462,6 +445,36 @@ func (h *Held) releaseLocked(port uint16, reason string) {
 	if err := errors.Join(errs...); err != nil && h.result.Err == nil {
 		h.result.Err = fmt.Errorf("release port %d: %w", port, err)
 	}
+}
+
+// paceUntilTaken paces the parked SYNs until none is left and the new
+// listener's accept queue is empty, bounded by paceFor.
+func (h *Held) paceUntilTaken(port uint16, pr *PortResult) error {
+	deadline := time.Now().Add(paceFor)
+	for {
+		if err := h.pace(port, pr); err != nil {
+			return err
+		}
+		if h.taken(port) || !time.Now().Before(deadline) {
+			return nil
+		}
+		time.Sleep(pollEvery / 4)
+	}
+}
+
+// taken reports whether the new listeners of port have accepted every
+// connection in their queue (or are gone: nothing to wait for).
+func (h *Held) taken(port uint16) bool {
+	ls, err := h.d.listeners()
+	if err != nil {
+		return true
+	}
+	for _, l := range ls {
+		if l.port == port && !h.before[l.inode] && l.rqueue > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // pace accepts the SYNs parked on port in batches that fit the new

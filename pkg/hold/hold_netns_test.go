@@ -24,6 +24,7 @@ import (
 
 	"github.com/google/nftables"
 
+	"github.com/inplaced/inplaced/pkg/holdmode"
 	"github.com/inplaced/inplaced/test/harness"
 )
 
@@ -139,12 +140,12 @@ func TestHoldQueue(t *testing.T) {
 	if fmt.Sprint(found.Observed) != "[8080]" || fmt.Sprint(found.Hold) != "[8080 9999]" {
 		t.Fatalf("discovered %+v, want observed [8080], hold [8080 9999]", found)
 	}
-	h, err := Hold(context.Background(), tn.path, []uint16{port}, ModeQueue)
+	h, err := Hold(context.Background(), tn.path, []uint16{port}, holdmode.Queue)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("mode %s (%s), table %s", h.Mode(), h.Why(), h.Table())
-	if h.Mode() != ModeQueue {
+	if h.Mode() != holdmode.Queue {
 		t.Fatalf("mode %s: %s", h.Mode(), h.Why())
 	}
 	if got := tn.tables(t); len(got) == 0 {
@@ -195,7 +196,7 @@ func TestHoldDrop(t *testing.T) {
 	v1 := tn.serve(t, "v1", port)
 	d := harness.StartDialer(fmt.Sprintf("%s:%d", tn.podIP, port))
 	time.Sleep(100 * time.Millisecond)
-	h, err := Hold(context.Background(), tn.path, []uint16{port}, ModeDrop)
+	h, err := Hold(context.Background(), tn.path, []uint16{port}, holdmode.Drop)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +213,7 @@ func TestHoldDrop(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	s := harness.TallyDials(t, d.End())
 	t.Logf("result %+v; client %+v", res, s)
-	if res.Mode != ModeDrop || len(res.Ports) != 1 || res.Ports[0].Reason != ReasonListening {
+	if res.Mode != holdmode.Drop || len(res.Ports) != 1 || res.Ports[0].Reason != ReasonListening {
 		t.Errorf("result %+v, want drop released for listening", res)
 	}
 	if s.Failed() > 0 || s.ByVersion["v2"] == 0 {
@@ -234,7 +235,7 @@ func TestHoldLimit(t *testing.T) {
 	v1 := tn.serve(t, "v1", port)
 	d := harness.StartDialer(fmt.Sprintf("%s:%d", tn.podIP, port))
 	time.Sleep(100 * time.Millisecond)
-	h, err := Hold(context.Background(), tn.path, []uint16{port}, ModeQueue)
+	h, err := Hold(context.Background(), tn.path, []uint16{port}, holdmode.Queue)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +281,7 @@ func TestHolderChild(t *testing.T) {
 	if path == "" {
 		t.Skip("helper process for TestHoldKilledHolder")
 	}
-	h, err := Hold(context.Background(), path, []uint16{8083}, ModeQueue)
+	h, err := Hold(context.Background(), path, []uint16{8083}, holdmode.Queue)
 	if err != nil {
 		fmt.Println("error:", err)
 		os.Exit(1)
@@ -321,7 +322,7 @@ func TestHoldKilledHolder(t *testing.T) {
 	if removed, err := Remove(tn.path); err != nil || len(removed) != 0 {
 		t.Errorf("Remove after the kill: %v, %v", removed, err)
 	}
-	h, err := Hold(context.Background(), tn.path, []uint16{8083}, ModeQueue)
+	h, err := Hold(context.Background(), tn.path, []uint16{8083}, holdmode.Queue)
 	if err != nil {
 		t.Fatalf("hold after the kill: %v", err)
 	}
@@ -341,17 +342,17 @@ func TestHoldKilledHolder(t *testing.T) {
 // flushes every queue of the netns when a hook goes).
 func TestHoldTwice(t *testing.T) {
 	tn := newTestNS(t)
-	a, err := Hold(context.Background(), tn.path, []uint16{8084}, ModeQueue)
+	a, err := Hold(context.Background(), tn.path, []uint16{8084}, holdmode.Queue)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Abort()
-	b, err := Hold(context.Background(), tn.path, []uint16{8085}, ModeQueue)
+	b, err := Hold(context.Background(), tn.path, []uint16{8085}, holdmode.Queue)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Abort()
-	if a.Mode() != ModeQueue || b.Mode() != ModeDrop || !strings.Contains(b.Why(), "nfnetlink_queue") {
+	if a.Mode() != holdmode.Queue || b.Mode() != holdmode.Drop || !strings.Contains(b.Why(), "nfnetlink_queue") {
 		t.Errorf("modes %s and %s (%s), want queue then drop", a.Mode(), b.Mode(), b.Why())
 	}
 }
@@ -426,11 +427,11 @@ func (tn *testNS) swapUnderHold(t *testing.T, addrs []string, port uint16, start
 		ds = append(ds, harness.StartDialer(a))
 	}
 	time.Sleep(200 * time.Millisecond)
-	h, err := Hold(context.Background(), tn.path, []uint16{port}, ModeQueue, opts...)
+	h, err := Hold(context.Background(), tn.path, []uint16{port}, holdmode.Queue, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.Mode() != ModeQueue {
+	if h.Mode() != holdmode.Queue {
 		t.Fatalf("mode %s: %s", h.Mode(), h.Why())
 	}
 	h.Quiesce(context.Background(), 200*time.Millisecond)

@@ -4,18 +4,9 @@ import (
 	"context"
 	"fmt"
 	"testing"
-)
 
-func TestParseMode(t *testing.T) {
-	for in, want := range map[string]Mode{"queue": ModeQueue, " Drop": ModeDrop, "off": ModeOff} {
-		if got, err := ParseMode(in); err != nil || got != want {
-			t.Errorf("ParseMode(%q) = %q, %v", in, got, err)
-		}
-	}
-	if _, err := ParseMode("hold"); err == nil {
-		t.Error("ParseMode(hold): no error")
-	}
-}
+	"github.com/inplaced/inplaced/pkg/holdmode"
+)
 
 func TestClassify(t *testing.T) {
 	ls := []listener{
@@ -51,7 +42,7 @@ func TestNetlinkRoundTrip(t *testing.T) {
 func TestHoldFailsCleanly(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	h, err := Hold(ctx, "/proc/self/ns/net", []uint16{8080}, ModeDrop)
+	h, err := Hold(ctx, "/proc/self/ns/net", []uint16{8080}, holdmode.Drop)
 	if err == nil || h != nil {
 		t.Fatalf("Hold with a cancelled context = %v, %v; want nil and an error", h, err)
 	}

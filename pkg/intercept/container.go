@@ -19,7 +19,8 @@ import (
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
-// waitFence waits for the swap holding f, bounded by the fence timeout.
+// waitFence makes kubelet's call wait for the swap behind fence f to end,
+// bounded by the fence timeout.
 func (i *Interceptors) waitFence(ctx context.Context, f *fence.Fence, method string) (fence.Outcome, error) {
 	i.log.Info("kubelet call waits for a swap", zap.String("method", method), zap.String("swap_id", f.SwapID))
 	wctx, cancel := context.WithTimeout(ctx, i.fenceTimeout)
@@ -150,7 +151,7 @@ func (i *Interceptors) stopContainer(ctx context.Context, req *runtimeapi.StopCo
 	next func(context.Context, *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error),
 ) (*runtimeapi.StopContainerResponse, error) {
 	if i.holder != nil {
-		d, err := i.holder.HoldStop(ctx, req)
+		d, err := i.holder.SwapInsteadOfStop(ctx, req)
 		if d.Adopt != nil {
 			i.offerAdoption(d.Adopt)
 		}

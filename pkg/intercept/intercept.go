@@ -1,4 +1,4 @@
-// Package intercept holds inplaced's CRI interceptors: what the proxy does to
+// Package intercept implements inplaced's CRI interceptors: what the proxy does to
 // kubelet's calls beyond forwarding them.
 //
 //   - Record: every RunPodSandbox and CreateContainer config is stored, and
@@ -111,7 +111,7 @@ func (i *Interceptors) Table() relay.Table {
 }
 
 // Gates returns, per read method, when its interceptor must run: only while
-// a swap holds a fence. The rest of the time the relay forwards kubelet's
+// a swap has a fence up. The rest of the time the relay forwards kubelet's
 // relists without decoding or copying them.
 func (i *Interceptors) Gates() map[string]func() bool {
 	return map[string]func() bool{

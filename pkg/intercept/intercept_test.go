@@ -321,7 +321,7 @@ func TestStickyOverride(t *testing.T) {
 }
 
 // maskedSwap sets the scene a swap leaves while it has the old container
-// stopped and the new one running but not yet proven: the fence held, the
+// stopped and the new one running but not yet proven: the fence up, the
 // mask on with the old container's snapshot, the new container hidden.
 type maskedSwap struct {
 	sbID, oldID, newID, sideID string
@@ -678,7 +678,7 @@ func TestRemovePodSandboxAbortsSwapsIn(t *testing.T) {
 		t.Errorf("cause = %v", cause)
 	}
 	if p.fences.Active() {
-		t.Error("fence still held")
+		t.Error("fence still up")
 	}
 }
 

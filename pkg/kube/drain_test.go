@@ -29,21 +29,23 @@ func TestDrainCountsFromNotReady(t *testing.T) {
 	if err := indexer.Add(pod); err != nil {
 		t.Fatal(err)
 	}
-	c := &Controller{log: zap.NewNop(), lister: listersv1.NewPodLister(indexer)}
+	pods := newPodCache("node-a")
+	pods.set(listersv1.NewPodLister(indexer), nil)
+	r := &swapRequests{log: zap.NewNop(), cache: pods}
 
 	go func() {
 		time.Sleep(300 * time.Millisecond)
 		_ = indexer.Update(readyPod(corev1.ConditionFalse, "2"))
 	}()
 	start := time.Now()
-	c.awaitNotReady(context.Background(), pod, 5*time.Second)
+	r.awaitNotReady(context.Background(), pod, 5*time.Second)
 	if took := time.Since(start); took < 250*time.Millisecond || took > 2*time.Second {
 		t.Fatalf("awaitNotReady returned after %s, want when the pod went NotReady (~300ms)", took)
 	}
 
 	_ = indexer.Update(readyPod(corev1.ConditionTrue, "3"))
 	start = time.Now()
-	c.awaitNotReady(context.Background(), pod, 400*time.Millisecond)
+	r.awaitNotReady(context.Background(), pod, 400*time.Millisecond)
 	if took := time.Since(start); took < 350*time.Millisecond || took > 2*time.Second {
 		t.Fatalf("awaitNotReady on a pod that stays Ready returned after %s, want the bound (400ms)", took)
 	}

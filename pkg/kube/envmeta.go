@@ -2,11 +2,11 @@ package kube
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -33,41 +33,6 @@ const (
 // covers).
 var metadataFieldRef = regexp.MustCompile(`^metadata\.(labels|annotations)\['(.+)'\]$`)
 
-// OpenKruise's in-place update contract (its apis/apps/pub/inplace_update.go).
-const (
-	// KruiseInPlaceUpdateReady is the readiness gate condition OpenKruise
-	// sets False before an in-place update and True when it is complete.
-	KruiseInPlaceUpdateReady corev1.PodConditionType = "InPlaceUpdateReady"
-	// KruiseInPlaceUpdateState is the annotation with the update's state
-	// (JSON); KruiseInPlaceUpdateStateOld is its older name, still read.
-	KruiseInPlaceUpdateState    = "apps.kruise.io/inplace-update-state"
-	KruiseInPlaceUpdateStateOld = "inplace-update-state"
-)
-
-// kruiseEnvUpdate reports whether OpenKruise is updating the pod in place
-// with env from metadata: its InPlaceUpdateReady condition is False and its
-// update state asks for env from metadata. Then kruise-daemon restarts the
-// containers whose env from metadata differs, by a CRI stop.
-func kruiseEnvUpdate(pod *corev1.Pod) bool {
-	updating := false
-	for _, cond := range pod.Status.Conditions {
-		if cond.Type == KruiseInPlaceUpdateReady {
-			updating = cond.Status == corev1.ConditionFalse
-		}
-	}
-	if !updating {
-		return false
-	}
-	raw, ok := pod.Annotations[KruiseInPlaceUpdateState]
-	if !ok {
-		raw = pod.Annotations[KruiseInPlaceUpdateStateOld]
-	}
-	var state struct {
-		UpdateEnvFromMetadata bool `json:"updateEnvFromMetadata"`
-	}
-	return json.Unmarshal([]byte(raw), &state) == nil && state.UpdateEnvFromMetadata
-}
-
 // metadataEnv is the env a container takes from the pod's labels and
 // annotations, resolved against the pod's current metadata.
 func metadataEnv(pod *corev1.Pod, c *corev1.Container) map[string]string {
@@ -89,41 +54,38 @@ func metadataEnv(pod *corev1.Pod, c *corev1.Container) map[string]string {
 	return out
 }
 
-// syncEnvFromMetadata swaps a container in place when a label or annotation
-// its env takes through fieldRef changed: kubelet alone never updates them.
-// The change is applied over the running config, so any override already
-// in force (an earlier env swap) stays. Pods opt in with
-// podapi.AnnotationEnvFromMetadata, or are being updated in place by OpenKruise
-// with env from metadata (kruiseEnvUpdate), whose own restart of the
-// container this swap replaces.
-func (c *Controller) syncEnvFromMetadata(pod *corev1.Pod, running map[string]*runtimeapi.Container) {
-	caller, ok := envMetaCaller(pod)
-	if !ok {
-		return
-	}
-	for i := range pod.Spec.Containers {
-		sc := &pod.Spec.Containers[i]
-		if rc := running[sc.Name]; rc != nil {
-			c.startEnvSwap(pod, sc, rc.Id, caller)
-		}
-	}
+// envFromMetadata swaps a container in place when a label or annotation
+// its env takes through fieldRef changed: kubelet alone never updates
+// them. The change is applied over the running config, so any override
+// already in force (an earlier env swap) stays. Pods opt in with
+// podapi.AnnotationEnvFromMetadata, or are being updated in place by
+// OpenKruise with env from metadata (kruiseEnvUpdate), whose own restart of
+// the container this swap replaces (kruise.go).
+type envFromMetadata struct {
+	engine     Engine
+	containers nodeContainers
+	cache      *podCache
+	writer     *podWriter
+	// images says whether an image change of the container is coming: its
+	// swap carries the env from metadata.
+	images *imageChanges
+	// requeue syncs a pod (by its watch key) again after a delay.
+	requeue func(podKey string, after time.Duration)
+	log     *zap.Logger
+	now     func() time.Time
+	ctx     func() context.Context
+
+	mu sync.Mutex
+	// swaps: the env swaps by the container they replace, for the stops of
+	// that container that arrive while one runs or after it is done.
+	swaps map[string]*envSwap
+	// retry: the back-off of those that did not commit, by pod container.
+	retry map[containerKey]*envBackoff
 }
 
-// envMetaCaller says whether a pod's env from metadata is swapped in
-// place, and on whose behalf.
-func envMetaCaller(pod *corev1.Pod) (string, bool) {
-	switch {
-	case pod.Annotations[podapi.AnnotationEnvFromMetadata] == "true":
-		return CallerEnvFromMetadata, true
-	case kruiseEnvUpdate(pod):
-		return CallerKruiseEnvFromMetadata, true
-	}
-	return "", false
-}
-
-// envSwap is one env-from-metadata swap of a container, for the stops of
-// that container that arrive while it runs or after it is done.
+// envSwap is one env-from-metadata swap of a container.
 type envSwap struct {
+	id     string // the container it replaces
 	key    containerKey
 	podKey string // namespace/name, the pod watch's key
 	digest string // envDigest of the values it sets
@@ -188,15 +150,46 @@ const (
 	envBackingOff
 	// envSwapNow: swap the container with set.
 	envSwapNow
+	// envAwaitSwap: an env swap of the pod container runs, on an earlier
+	// container of the name (overtaken by kubelet's restart or an image
+	// swap); its end syncs the pod again.
+	envAwaitSwap
+	// envAwaitImage: a kubelet-driven image change of the container is
+	// coming, and its swap carries the env from metadata as kubelet's own
+	// create would: a swap now would be a second restart, and would answer
+	// kubelet's stop for the image. The pod is looked at again in
+	// envRetryInitial, in case the image change ends without a swap.
+	envAwaitImage
+	// envRaced: a concurrent sync or stop registered a swap of the
+	// container meanwhile (claim, never decideEnv).
+	envRaced
 )
 
-// decideEnv is what to do about a container whose env from metadata is
-// want and whose recorded env is have, given the back-off of its swaps
-// that did not commit (nil: none): set holds the values that differ, and
-// digest names them for the back-off.
-func decideEnv(want, have map[string]string, b *envBackoff, now time.Time) (act envAction, set map[string]string, digest string) {
-	for k, v := range want {
-		if have[k] != v {
+// envState is what decideEnv weighs for one container.
+type envState struct {
+	// want is the env the pod's metadata gives the container, have the env
+	// it was created with.
+	want, have map[string]string
+	// backoff is that of the pod container's swaps that did not commit
+	// (nil: none).
+	backoff *envBackoff
+	// swapRunning: an env swap of the pod container runs; imageComing: an
+	// image change of the container will swap it.
+	swapRunning, imageComing bool
+	now                      time.Time
+}
+
+// decideEnv is what to do about a container's env from metadata: set holds
+// the values that differ, and digest names them for the back-off.
+func decideEnv(in envState) (act envAction, set map[string]string, digest string) {
+	switch {
+	case in.swapRunning:
+		return envAwaitSwap, nil, ""
+	case in.imageComing:
+		return envAwaitImage, nil, ""
+	}
+	for k, v := range in.want {
+		if in.have[k] != v {
 			if set == nil {
 				set = map[string]string{}
 			}
@@ -207,20 +200,44 @@ func decideEnv(want, have map[string]string, b *envBackoff, now time.Time) (act 
 		return envInPlace, nil, ""
 	}
 	digest = envDigest(set)
-	if b != nil && b.digest == digest && now.Before(b.until) {
+	if b := in.backoff; b != nil && b.digest == digest && in.now.Before(b.until) {
 		return envBackingOff, set, digest
 	}
 	return envSwapNow, set, digest
 }
 
-// startEnvSwap starts the swap of container id to the env pod's metadata
-// gives sc, unless that env already runs, a swap of the pod's container
-// runs, or these values are backing off; it returns the swap of that
-// container (just started, running, or done), or nil.
-func (c *Controller) startEnvSwap(pod *corev1.Pod, sc *corev1.Container, id, caller string) *envSwap {
-	c.mu.Lock()
-	prev := c.envSwaps[id]
-	c.mu.Unlock()
+// sync swaps the pod's running containers whose env from metadata changed,
+// when the pod asks for that (envMetaCaller).
+func (e *envFromMetadata) sync(pod *corev1.Pod, running map[string]*runtimeapi.Container) {
+	caller, ok := envMetaCaller(pod)
+	if !ok {
+		return
+	}
+	for i := range pod.Spec.Containers {
+		sc := &pod.Spec.Containers[i]
+		if rc := running[sc.Name]; rc != nil {
+			e.start(pod, sc, rc.Id, caller)
+		}
+	}
+}
+
+// envMetaCaller says whether a pod's env from metadata is swapped in
+// place, and on whose behalf.
+func envMetaCaller(pod *corev1.Pod) (string, bool) {
+	switch {
+	case pod.Annotations[podapi.AnnotationEnvFromMetadata] == "true":
+		return CallerEnvFromMetadata, true
+	case kruiseEnvUpdate(pod):
+		return CallerKruiseEnvFromMetadata, true
+	}
+	return "", false
+}
+
+// start starts the swap of container id to the env pod's metadata gives
+// sc when decideEnv says so; it returns the swap of that container (just
+// started, running, or done), or nil.
+func (e *envFromMetadata) start(pod *corev1.Pod, sc *corev1.Container, id, caller string) *envSwap {
+	prev := e.swapOf(id)
 	if prev != nil && (!prev.ended() || prev.committed) {
 		return prev // running, or it already replaced this container
 	}
@@ -228,69 +245,76 @@ func (c *Controller) startEnvSwap(pod *corev1.Pod, sc *corev1.Container, id, cal
 	if len(want) == 0 {
 		return prev
 	}
-	req, err := c.store.Container(id)
-	if err != nil || req.GetConfig() == nil {
+	have, known := e.containers.recordedEnv(id)
+	if !known {
 		return prev // not created through inplaced: its env is unknown here
 	}
-	have := map[string]string{}
-	for _, kv := range req.Config.Envs {
-		have[kv.Key] = string(kv.Value)
-	}
 	key := containerKey{uid: pod.UID, name: sc.Name}
-	now := c.now()
-	c.mu.Lock()
-	if cur := c.envSwaps[id]; cur != prev {
-		c.mu.Unlock()
-		return cur // a concurrent sync or stop got there first
-	}
-	if c.envRunning(key) {
-		// On an earlier container of the name (overtaken by kubelet's
-		// restart or an image swap): its end syncs the pod again.
-		c.mu.Unlock()
-		return prev
-	}
-	if c.imageChangePending(key, id) {
-		// Its swap carries the env from metadata, as kubelet's own create
-		// would: a swap now would be a second restart, and would answer
-		// kubelet's stop for the image. Looked at again in a while, in
-		// case the image change ends without a swap.
-		requeue := c.requeue
-		c.mu.Unlock()
-		if requeue != nil {
-			requeue(pod.Namespace+"/"+pod.Name, envRetryInitial)
-		}
-		return prev
-	}
-	act, set, digest := decideEnv(want, have, c.envRetry[key], now)
-	if act != envSwapNow {
-		if act == envInPlace {
-			delete(c.envRetry, key)
-		}
-		c.mu.Unlock()
-		return prev
-	}
-	s := &envSwap{key: key, podKey: pod.Namespace + "/" + pod.Name, digest: digest, at: now, done: make(chan struct{})}
-	if c.envSwaps == nil {
-		c.envSwaps = map[string]*envSwap{}
-	}
-	for k, old := range c.envSwaps {
-		if now.Sub(old.at) > envSwapKeep && old.ended() {
-			delete(c.envSwaps, k)
+	podKey := pod.Namespace + "/" + pod.Name
+	s, act, set := e.claim(id, prev, podKey, key, envState{want: want, have: have, imageComing: e.images.pending(key, id)})
+	switch act {
+	case envAwaitImage:
+		e.requeue(podKey, envRetryInitial)
+	case envSwapNow:
+		if !e.launch(pod, sc, s, set, caller) {
+			return prev
 		}
 	}
-	c.envSwaps[id] = s
-	c.mu.Unlock()
+	return s
+}
 
-	log := c.log.With(zap.String("pod", pod.Namespace+"/"+pod.Name), zap.String("container", sc.Name), zap.String("container_id", id))
-	sub, err := c.engine.Start(c.ctx, &inplacedv1.SwapRequest{
-		Target: &inplacedv1.Target{ContainerId: id},
+// claim decides under the lock what to do about container id (decideEnv,
+// with the back-off and the swaps running), and registers the swap when
+// it is to start now. It returns the swap a stop of the container waits
+// for: the one registered now or concurrently, else prev.
+func (e *envFromMetadata) claim(id string, prev *envSwap, podKey string, key containerKey, in envState) (*envSwap, envAction, map[string]string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if cur := e.swaps[id]; cur != prev {
+		return cur, envRaced, nil
+	}
+	in.now, in.backoff, in.swapRunning = e.now(), e.retry[key], e.runningLocked(key)
+	act, set, digest := decideEnv(in)
+	switch act {
+	case envInPlace:
+		delete(e.retry, key)
+	case envSwapNow:
+		for k, old := range e.swaps {
+			if in.now.Sub(old.at) > envSwapKeep && old.ended() {
+				delete(e.swaps, k)
+			}
+		}
+		s := &envSwap{id: id, key: key, podKey: podKey, digest: digest, at: in.now, done: make(chan struct{})}
+		e.swaps[id] = s
+		return s, act, set
+	}
+	return prev, act, set
+}
+
+// runningLocked reports whether an env swap of the pod container key runs
+// (e.mu held).
+func (e *envFromMetadata) runningLocked(key containerKey) bool {
+	for _, s := range e.swaps {
+		if s.key == key && !s.ended() {
+			return true
+		}
+	}
+	return false
+}
+
+// launch starts swap s with the engine and follows it to its end; false
+// when the engine would not start it (then it ended, not committed).
+func (e *envFromMetadata) launch(pod *corev1.Pod, sc *corev1.Container, s *envSwap, set map[string]string, caller string) bool {
+	log := e.log.With(zap.String("pod", s.podKey), zap.String("container", sc.Name), zap.String("container_id", s.id))
+	sub, err := e.engine.Start(e.ctx(), &inplacedv1.SwapRequest{
+		Target: &inplacedv1.Target{ContainerId: s.id},
 		Change: &inplacedv1.Change{SetEnv: set},
 	}, swap.Caller{Description: caller}, swap.Hooks{})
 	if err != nil {
-		delay := c.envSwapEnded(s, false) // a swap may hold the container: tried again after the back-off
+		delay := e.ended(s, false) // a swap may hold the container: tried again after the back-off
 		log.Warn("env from metadata: swap not started", zap.Duration("retry_in", delay), zap.Error(err))
-		c.event(pod, corev1.EventTypeWarning, podapi.EventSwapFailed, "env from metadata for container %s not applied (tried again in %s): %v", sc.Name, delay, err)
-		return prev
+		e.writer.event(pod, corev1.EventTypeWarning, podapi.EventSwapFailed, "env from metadata for container %s not applied (tried again in %s): %v", sc.Name, delay, err)
+		return false
 	}
 	keys := make([]string, 0, len(set))
 	for k := range set {
@@ -305,133 +329,76 @@ func (c *Controller) startEnvSwap(pod *corev1.Pod, sc *corev1.Container, id, cal
 				committed = rec.GetState() == inplacedv1.SwapState_SWAP_STATE_COMMITTED
 			}
 		}
-		if delay := c.envSwapEnded(s, committed); !committed {
+		if delay := e.ended(s, committed); !committed {
 			log.Info("env-from-metadata swap did not commit: tried again after the back-off", zap.Strings("env", keys), zap.Duration("retry_in", delay))
 		}
 	}()
-	return s
+	return true
 }
 
-// envRunning reports whether an env swap of the pod container key runs.
-// c.mu is held.
-func (c *Controller) envRunning(key containerKey) bool {
-	for _, s := range c.envSwaps {
-		if s.key == key && !s.ended() {
-			return true
-		}
-	}
-	return false
-}
-
-// imageChangePending reports whether a kubelet-driven image change of
-// container id (pod container key) is pending or running, short of a
-// failed pull. c.mu is held.
-func (c *Controller) imageChangePending(key containerKey, id string) bool {
-	ch := c.changes[key]
-	if ch == nil || ch.oldID != id {
-		return false
-	}
-	select {
-	case <-ch.ready:
-	default:
-		return true // being prepared
-	}
-	if ch.prepErr != nil || ch.prep == nil {
-		return false
-	}
-	select {
-	case <-ch.prep.Pulled():
-		return ch.prep.PullErr() == nil
-	default:
-		return true // pulling
-	}
-}
-
-// envSwapEnded records how env swap s ended and has its pod synced again:
-// at once after a commit (the metadata may have changed meanwhile), after
-// the back-off it returns otherwise. A retry needs that sync of its own:
+// ended records how env swap s ended and has its pod synced again: at once
+// after a commit (the metadata may have changed meanwhile), after the
+// back-off it returns otherwise. A retry needs that sync of its own:
 // nothing else about the pod need change before the informer's resync.
-func (c *Controller) envSwapEnded(s *envSwap, committed bool) time.Duration {
-	now := c.now()
+func (e *envFromMetadata) ended(s *envSwap, committed bool) time.Duration {
+	now := e.now()
 	var delay time.Duration
-	c.mu.Lock()
+	e.mu.Lock()
 	s.committed = committed
 	if committed {
-		delete(c.envRetry, s.key)
+		delete(e.retry, s.key)
 	} else {
-		if c.envRetry == nil {
-			c.envRetry = map[containerKey]*envBackoff{}
-		}
-		for k, b := range c.envRetry {
+		for k, b := range e.retry {
 			if now.Sub(b.until) > envRetryMax {
-				delete(c.envRetry, k) // left behind by a pod removed while its swap ran
+				delete(e.retry, k) // left behind by a pod removed while its swap ran
 			}
 		}
-		b := c.envRetry[s.key]
+		b := e.retry[s.key]
 		if b == nil || b.digest != s.digest {
 			b = &envBackoff{digest: s.digest}
-			c.envRetry[s.key] = b
+			e.retry[s.key] = b
 		}
 		b.failures++
 		delay = envRetryDelay(b.failures)
 		b.until = now.Add(delay)
 	}
-	requeue := c.requeue
-	c.mu.Unlock()
+	e.mu.Unlock()
 	close(s.done)
-	if requeue != nil {
-		requeue(s.podKey, delay)
-	}
+	e.requeue(s.podKey, delay)
 	return delay
 }
 
-// forgetEnv drops what is remembered of a removed pod's env swaps: their
+// forget drops what is remembered of a removed pod's env swaps: their
 // back-offs, and the finished swaps (running ones end with the pod).
-func (c *Controller) forgetEnv(uid types.UID) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for k := range c.envRetry {
+func (e *envFromMetadata) forget(uid types.UID) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k := range e.retry {
 		if k.uid == uid {
-			delete(c.envRetry, k)
+			delete(e.retry, k)
 		}
 	}
-	for id, s := range c.envSwaps {
+	for id, s := range e.swaps {
 		if s.key.uid == uid && s.ended() {
-			delete(c.envSwaps, id)
+			delete(e.swaps, id)
 		}
 	}
 }
 
-// envSwapFor returns the env-from-metadata swap that replaces container
-// id, for a stop of it: the one running or done, or — when OpenKruise is
-// updating the pod's env from metadata and the cached pod asks for env the
-// container lacks — one started now. kruise-daemon's stop of the container
-// is how OpenKruise restarts it for the new env; it may come before the
-// watch delivered kruise's change to inplaced. Only local state is read.
-func (c *Controller) envSwapFor(ctx context.Context, id string) *envSwap {
-	c.mu.Lock()
-	s, lister := c.envSwaps[id], c.lister
-	c.mu.Unlock()
-	if s != nil || lister == nil {
-		return s
-	}
-	pc, _, ok := c.podContainerOf(ctx, id)
-	if !ok {
-		return nil
-	}
-	pod, sc := c.cachedSpec(lister, pc.ns, pc.pod, pc.uid, pc.name)
-	if sc == nil || !kruiseEnvUpdate(pod) {
-		return nil
-	}
-	return c.startEnvSwap(pod, sc, id, CallerKruiseEnvFromMetadata)
+// swapOf is the env swap that replaces container id, running or done
+// (nil: none). It only looks.
+func (e *envFromMetadata) swapOf(id string) *envSwap {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.swaps[id]
 }
 
-// holdForEnvSwap waits for the env swap that replaces the container a stop
-// is for. A committed swap already stopped that container: the stop is
+// answerStop waits for the env swap that replaces the container a stop is
+// for. A committed swap already stopped that container: the stop is
 // answered, and the new container (with the new env) keeps running. A swap
 // that failed lets the stop through: the restart goes the usual way.
-func (c *Controller) holdForEnvSwap(ctx context.Context, id string, s *envSwap) (intercept.StopDecision, error) {
-	log := c.log.With(zap.String("container_id", id))
+func (e *envFromMetadata) answerStop(ctx context.Context, id string, s *envSwap) (intercept.StopDecision, error) {
+	log := e.log.With(zap.String("container_id", id))
 	select {
 	case <-s.done:
 	case <-ctx.Done():

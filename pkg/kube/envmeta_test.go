@@ -45,24 +45,30 @@ func TestDecideEnv(t *testing.T) {
 	gold := map[string]string{"TIER": "gold", "OTHER": "x"}
 	failedBlue := &envBackoff{digest: envDigest(blue), failures: 1, until: now.Add(time.Second)}
 	for _, tc := range []struct {
-		name string
-		want map[string]string
-		have map[string]string
-		b    *envBackoff
-		act  envAction
-		set  map[string]string
+		name                     string
+		want                     map[string]string
+		have                     map[string]string
+		b                        *envBackoff
+		swapRunning, imageComing bool
+		act                      envAction
+		set                      map[string]string
 	}{
-		{"env in place", map[string]string{"TIER": "gold"}, gold, nil, envInPlace, nil},
-		{"env in place ends a back-off", map[string]string{"TIER": "gold"}, gold, failedBlue, envInPlace, nil},
-		{"label changed", blue, gold, nil, envSwapNow, blue},
-		{"label empty, env missing", map[string]string{"TIER": ""}, map[string]string{}, nil, envInPlace, nil},
-		{"label set, env missing", blue, map[string]string{}, nil, envSwapNow, blue},
-		{"same values backing off", blue, gold, failedBlue, envBackingOff, blue},
-		{"same values, back-off over", blue, gold, &envBackoff{digest: envDigest(blue), failures: 3, until: now}, envSwapNow, blue},
-		{"other values than the ones backing off", map[string]string{"TIER": "green"}, gold, failedBlue, envSwapNow, map[string]string{"TIER": "green"}},
+		{"env in place", map[string]string{"TIER": "gold"}, gold, nil, false, false, envInPlace, nil},
+		{"env in place ends a back-off", map[string]string{"TIER": "gold"}, gold, failedBlue, false, false, envInPlace, nil},
+		{"label changed", blue, gold, nil, false, false, envSwapNow, blue},
+		{"label empty, env missing", map[string]string{"TIER": ""}, map[string]string{}, nil, false, false, envInPlace, nil},
+		{"label set, env missing", blue, map[string]string{}, nil, false, false, envSwapNow, blue},
+		{"same values backing off", blue, gold, failedBlue, false, false, envBackingOff, blue},
+		{"same values, back-off over", blue, gold, &envBackoff{digest: envDigest(blue), failures: 3, until: now}, false, false, envSwapNow, blue},
+		{"other values than the ones backing off", map[string]string{"TIER": "green"}, gold, failedBlue, false, false, envSwapNow, map[string]string{"TIER": "green"}},
+		{"a swap of the pod container runs", blue, gold, nil, true, false, envAwaitSwap, nil},
+		{"a swap runs while an image change comes", blue, gold, nil, true, true, envAwaitSwap, nil},
+		{"an image change comes: its swap carries the env", blue, gold, nil, false, true, envAwaitImage, nil},
+		{"an image change comes, env in place", map[string]string{"TIER": "gold"}, gold, nil, false, true, envAwaitImage, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			act, set, digest := decideEnv(tc.want, tc.have, tc.b, now)
+			act, set, digest := decideEnv(envState{want: tc.want, have: tc.have, backoff: tc.b,
+				swapRunning: tc.swapRunning, imageComing: tc.imageComing, now: now})
 			if act != tc.act {
 				t.Errorf("action %d, want %d", act, tc.act)
 			}
@@ -74,7 +80,7 @@ func TestDecideEnv(t *testing.T) {
 					t.Errorf("set %v, want %v", set, tc.set)
 				}
 			}
-			if act != envInPlace && digest != envDigest(tc.set) {
+			if (act == envSwapNow || act == envBackingOff) && digest != envDigest(tc.set) {
 				t.Errorf("digest %q, want the set's", digest)
 			}
 		})
@@ -98,12 +104,12 @@ func newEnvRetryEnv(t *testing.T) *envRetryEnv {
 	eng.after = 10 * time.Millisecond
 	r := &envRetryEnv{lagEnv: e, eng: eng, requeued: make(chan time.Duration, 16), now: time.Unix(1000, 0)}
 	e.pod.Annotations = map[string]string{podapi.AnnotationEnvFromMetadata: "true"}
-	e.c.now = func() time.Time {
+	e.c.env.now = func() time.Time {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		return r.now
 	}
-	e.c.requeue = func(key string, after time.Duration) {
+	e.c.env.requeue = func(key string, after time.Duration) {
 		if key != "default/web" {
 			t.Errorf("requeued %q, want default/web", key)
 		}
@@ -127,7 +133,7 @@ func (r *envRetryEnv) label(tier string) *corev1.Pod {
 
 // sync runs the env part of a pod sync with container id running.
 func (r *envRetryEnv) sync(pod *corev1.Pod, id string) {
-	r.c.syncEnvFromMetadata(pod, map[string]*runtimeapi.Container{"app": {Id: id}})
+	r.c.env.sync(pod, map[string]*runtimeapi.Container{"app": {Id: id}})
 }
 
 // ended waits for the end of a swap: its pod is synced again after want.
@@ -153,12 +159,12 @@ func (r *envRetryEnv) swaps(t *testing.T, want int) {
 // record makes id a container created with TIER=tier.
 func (r *envRetryEnv) record(t *testing.T, id, tier string) {
 	t.Helper()
-	req, err := r.c.store.Container(r.id)
+	req, err := r.st.Container(r.id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Config.Envs = []*runtimeapi.KeyValue{{Key: "TIER", Value: []byte(tier)}, {Key: "OTHER", Value: []byte("x")}}
-	if err := r.c.store.PutContainer(id, req); err != nil {
+	if err := r.st.PutContainer(id, req); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -194,9 +200,9 @@ func TestEnvSwapRetriedAfterBackoff(t *testing.T) {
 	if req := r.eng.started()[2]; req.Change.SetEnv["TIER"] != "blue" || req.Target.GetContainerId() != r.id {
 		t.Errorf("third swap %v, want TIER=blue on %s", req, r.id)
 	}
-	r.c.mu.Lock()
-	left := len(r.c.envRetry)
-	r.c.mu.Unlock()
+	r.c.env.mu.Lock()
+	left := len(r.c.env.retry)
+	r.c.env.mu.Unlock()
 	if left != 0 {
 		t.Errorf("%d back-offs kept after the commit, want none", left)
 	}
@@ -245,9 +251,9 @@ func TestEnvSwapOvertaken(t *testing.T) {
 			r.sync(blue, "c-new")
 			if !tc.wantSwap {
 				r.swaps(t, 1)
-				r.c.mu.Lock()
-				left := len(r.c.envRetry)
-				r.c.mu.Unlock()
+				r.c.env.mu.Lock()
+				left := len(r.c.env.retry)
+				r.c.env.mu.Unlock()
 				if left != 0 {
 					t.Errorf("%d back-offs kept with the env in place, want none", left)
 				}
@@ -284,16 +290,16 @@ func TestEnvSwapsForgottenWithThePod(t *testing.T) {
 	r := newEnvRetryEnv(t)
 	r.sync(r.label("blue"), r.id)
 	r.ended(t, envRetryInitial)
-	r.c.mu.Lock()
-	before := len(r.c.envRetry) + len(r.c.envSwaps)
-	r.c.mu.Unlock()
+	r.c.env.mu.Lock()
+	before := len(r.c.env.retry) + len(r.c.env.swaps)
+	r.c.env.mu.Unlock()
 	if before != 2 {
 		t.Fatalf("%d entries before the removal, want a back-off and a swap", before)
 	}
-	r.c.cancelPod(r.pod.UID, errDeleted)
-	r.c.mu.Lock()
-	after := len(r.c.envRetry) + len(r.c.envSwaps)
-	r.c.mu.Unlock()
+	r.c.podGone(r.pod.UID)
+	r.c.env.mu.Lock()
+	after := len(r.c.env.retry) + len(r.c.env.swaps)
+	r.c.env.mu.Unlock()
 	if after != 0 {
 		t.Errorf("%d entries left after the pod's removal", after)
 	}
@@ -383,7 +389,7 @@ func TestImageChangeCarriesMetadataEnv(t *testing.T) {
 			v2.Annotations = tc.annotations
 			v2.Labels["tier"] = "blue"
 			v2.Spec.Containers[0].Image = "registry.local/app:v2"
-			e.c.syncContainer(v2, &v2.Spec.Containers[0], &runtimeapi.Container{Id: e.id,
+			e.c.images.sync(v2, &v2.Spec.Containers[0], &runtimeapi.Container{Id: e.id,
 				Annotations: map[string]string{swap.AnnotationHash: ContainerHash("app", "registry.local/app:v1")}})
 			select {
 			case got := <-e.eng.prepared:
@@ -414,14 +420,14 @@ func TestEnvSwapWaitsForImageChange(t *testing.T) {
 			r.eng.commit = true
 			blue := r.label("blue")
 			blue.Spec.Containers[0].Image = "registry.local/app:v2"
-			ch := r.c.newChange(blue, &blue.Spec.Containers[0], r.id)
+			ch := r.c.images.newChange(blue, &blue.Spec.Containers[0], r.id)
 			if tc.prepErr != nil {
 				ch.prepErr = tc.prepErr
 				close(ch.ready)
 			}
-			r.c.mu.Lock()
-			r.c.changes[ch.key] = ch
-			r.c.mu.Unlock()
+			r.c.images.mu.Lock()
+			r.c.images.changes[ch.key] = ch
+			r.c.images.mu.Unlock()
 			r.sync(blue, r.id)
 			if tc.prepErr != nil {
 				r.swaps(t, 1)
@@ -429,7 +435,7 @@ func TestEnvSwapWaitsForImageChange(t *testing.T) {
 			}
 			r.swaps(t, 0)
 			r.ended(t, envRetryInitial) // looked at again
-			r.c.forget(ch)              // the change ended without a swap
+			r.c.images.forget(ch)       // the change ended without a swap
 			r.sync(blue, r.id)
 			r.swaps(t, 1)
 		})

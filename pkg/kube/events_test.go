@@ -213,13 +213,13 @@ func TestRepeatsRememberedBounded(t *testing.T) {
 // reported before Run has started is written once it has.
 func TestNodeEvents(t *testing.T) {
 	f := &fakeEvents{store: map[string]bool{}}
-	c := &Controller{node: "node-1"}
+	c := compose(Options{NodeName: "node-1", Logger: zap.NewNop()})
 	c.NodeEvent(corev1.EventTypeWarning, "InplacedDegraded", "state out")
-	if len(c.nodeEvents) != 1 {
-		t.Fatalf("event before Run: %v, want it kept", c.nodeEvents)
+	if len(c.writer.nodeEvents) != 1 {
+		t.Fatalf("event before Run: %v, want it kept", c.writer.nodeEvents)
 	}
 	r := testRecorder(f)
-	c.setRecorder(r) // as Run does
+	c.writer.setRecorder(r) // as Run does
 	c.NodeEvent(corev1.EventTypeNormal, "InplacedRecovered", "state back")
 	writeQueued(r)
 	if len(f.created) != 2 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -12,6 +13,10 @@ import (
 	"github.com/inplaced/inplaced/pkg/credentials"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
+
+// secretTimeout bounds reading a pull secret: the pull waits on it, and
+// kubelet's held stop waits on the pull.
+const secretTimeout = 5 * time.Second
 
 // lookup is what a change keeps of its credentials lookup: where inplaced
 // looked and whether that is everywhere kubelet looks. Never the
@@ -27,24 +32,24 @@ type lookup struct {
 // image, in its order (package credentials: those secrets, then the node's
 // docker config, then credential-provider plugins), with what the lookup
 // covered.
-func (c *Controller) pullAuths(ch *change) ([]*inplacedv1.RegistryAuth, lookup) {
+func (ic *imageChanges) pullAuths(ch *change) ([]*inplacedv1.RegistryAuth, lookup) {
 	req := credentials.Request{Image: ch.image}
 	for _, name := range ch.pullSecrets {
-		ctx, cancel := context.WithTimeout(c.ctx, secretTimeout)
-		s, err := c.client.Secrets(ch.namespace).Get(ctx, name, metav1.GetOptions{})
+		ctx, cancel := context.WithTimeout(ic.ctx(), secretTimeout)
+		s, err := ic.client.Secrets(ch.namespace).Get(ctx, name, metav1.GetOptions{})
 		cancel()
 		switch {
 		case apierrors.IsNotFound(err):
 			// kubelet skips a pull secret that does not exist, too.
 			req.Missing = append(req.Missing, ch.namespace+"/"+name)
 		case err != nil:
-			c.log.Warn("cannot read pull secret; pulling without it", zap.String("secret", ch.namespace+"/"+name), zap.Error(err))
+			ic.log.Warn("cannot read pull secret; pulling without it", zap.String("secret", ch.namespace+"/"+name), zap.Error(err))
 			req.Unreadable = append(req.Unreadable, fmt.Sprintf("pull secret %s/%s: %v", ch.namespace, name, err))
 		default:
 			req.Secrets = append(req.Secrets, s)
 		}
 	}
-	res, err := c.creds.Lookup(c.ctx, req)
+	res, err := ic.creds.Lookup(ic.ctx(), req)
 	if err != nil {
 		// An image kubelet cannot parse either: the pull says why.
 		return nil, lookup{repo: ch.image, complete: true, describe: err.Error()}
@@ -54,7 +59,7 @@ func (c *Controller) pullAuths(ch *change) ([]*inplacedv1.RegistryAuth, lookup) 
 		l.repo, l.describe = repo, res.Describe(repo)
 	}
 	if len(res.Gaps) > 0 {
-		c.log.Warn("credentials kubelet may have are not available to inplaced", zap.String("image", ch.image), zap.Strings("gaps", res.Gaps))
+		ic.log.Warn("credentials kubelet may have are not available to inplaced", zap.String("image", ch.image), zap.Strings("gaps", res.Gaps))
 	}
 	auths := make([]*inplacedv1.RegistryAuth, len(res.Credentials))
 	for i, cr := range res.Credentials {
@@ -72,11 +77,13 @@ const (
 )
 
 // pullFailureKind reads the backend's pull error: containerd reports a
-// registry's 401/403 as "pull access denied ... authorization failed" or
-// "401 Unauthorized", a missing tag as "<ref>: not found".
+// registry's 401/403 as "pull access denied ... authorization failed",
+// "401 Unauthorized" or "403 Forbidden", a missing tag as "<ref>: not
+// found". Status codes are matched by their words only: the message names
+// the registry, whose port (127.0.0.1:40185) may hold the digits.
 func pullFailureKind(err error) string {
 	msg := strings.ToLower(err.Error())
-	for _, s := range []string{"401", "403", "unauthorized", "access denied", "authorization failed", "no basic auth credentials", "forbidden", "denied:"} {
+	for _, s := range []string{"unauthorized", "access denied", "authorization failed", "no basic auth credentials", "forbidden", "denied:"} {
 		if strings.Contains(msg, s) {
 			return pullUnauthorized
 		}
@@ -144,9 +151,9 @@ func (v pullVerdict) outcome() string {
 
 // explainPull is the swap's ExplainPull for a change: the record and its
 // Event say which case the failure was and what happens next.
-func (c *Controller) explainPull(l lookup) func(error) error {
+func (ic *imageChanges) explainPull(l lookup) func(error) error {
 	return func(err error) error {
-		v := decidePullFailure(c.onPullFailure, pullFailureKind(err), l)
+		v := decidePullFailure(ic.onPullFailure, pullFailureKind(err), l)
 		return fmt.Errorf("%s: %s; %s: %w", v.kind, v.why, v.outcome(), err)
 	}
 }

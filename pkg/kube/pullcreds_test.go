@@ -12,7 +12,10 @@ func TestPullFailureKind(t *testing.T) {
 		`failed to pull and unpack image "127.0.0.1:40681/team/solo:v2": failed to resolve image: pull access denied, repository does not exist or may require authorization: authorization failed: no basic auth credentials`: pullUnauthorized,
 		`failed to pull and unpack image "127.0.0.1:41243/late/app:v2": failed to resolve reference "127.0.0.1:41243/late/app:v2": pulling from host 127.0.0.1:41243 failed with status code [manifests v2]: 401 Unauthorized`: pullUnauthorized,
 		`failed to pull and unpack image "127.0.0.1:43137/app:does-not-exist": failed to resolve image: 127.0.0.1:43137/app:does-not-exist: not found`:                                                                         pullNotFound,
-		`failed to copy: httpReadSeeker: failed open: failed to do request: dial tcp 127.0.0.1:1: connect: connection refused`:                                                                                                 pullFailed,
+		// A registry whose port holds a status code's digits.
+		`failed to pull and unpack image "127.0.0.1:40185/app:does-not-exist": failed to resolve image: 127.0.0.1:40185/app:does-not-exist: not found`:                                                            pullNotFound,
+		`failed to pull and unpack image "127.0.0.1:44031/app:v2": failed to resolve reference "127.0.0.1:44031/app:v2": pulling from host 127.0.0.1:44031 failed with status code [manifests v2]: 403 Forbidden`: pullUnauthorized,
+		`failed to copy: httpReadSeeker: failed open: failed to do request: dial tcp 127.0.0.1:1: connect: connection refused`:                                                                                    pullFailed,
 	} {
 		if got := pullFailureKind(errors.New(msg)); got != want {
 			t.Errorf("pullFailureKind(%q) = %q, want %q", msg, got, want)

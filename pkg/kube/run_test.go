@@ -142,9 +142,7 @@ func TestRunOverKubeclient(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the spec image change did not reach the engine")
 	}
-	c.mu.Lock()
-	nodes := c.nodes
-	c.mu.Unlock()
+	_, nodes := c.cache.listers()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if n, err := nodes.Get("node-a"); err == nil && n.ResourceVersion == "3" {
@@ -155,7 +153,7 @@ func TestRunOverKubeclient(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	c.event(pod, corev1.EventTypeNormal, "Test", "through %s", "kubeclient")
+	c.writer.event(pod, corev1.EventTypeNormal, "Test", "through %s", "kubeclient")
 	for !api.saw("POST /api/v1/namespaces/default/events") {
 		if time.Now().After(deadline) {
 			t.Fatal("no event written")

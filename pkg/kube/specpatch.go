@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/inplaced/inplaced/pkg/kube/podapi"
+	"github.com/inplaced/inplaced/pkg/kubeclient"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
@@ -53,6 +54,19 @@ const relistSettle = 200 * time.Millisecond
 // kubeletSeesWait bounds step 2: kubelet relists every second.
 const kubeletSeesWait = 10 * time.Second
 
+// specHandover writes a committed request's image into the pod spec, in
+// the order above (handOver). It keeps no state of its own.
+type specHandover struct {
+	client  kubeclient.Interface
+	engine  Engine
+	kubelet Kubelet
+	cache   *podCache
+	writer  *podWriter
+	log     *zap.Logger
+	now     func() time.Time
+	ctx     func() context.Context
+}
+
 // specPatch is the strategic merge patch of one container's image, with
 // the pod's UID as a precondition.
 func specPatch(pod *corev1.Pod, container, image string) []byte {
@@ -63,63 +77,71 @@ func specPatch(pod *corev1.Pod, container, image string) []byte {
 	return b
 }
 
-// canPatchSpec asks the API server, with a dry run that goes through
+// canPatch asks the API server, with a dry run that goes through
 // authorization and admission (NodeRestriction refuses a node's spec
 // writes), whether the image can be written into the spec.
-func (c *Controller) canPatchSpec(pod *corev1.Pod, container, image string) error {
-	ctx, cancel := context.WithTimeout(c.ctx, apiTimeout)
+func (h *specHandover) canPatch(pod *corev1.Pod, container, image string) error {
+	ctx, cancel := context.WithTimeout(h.ctx(), apiTimeout)
 	defer cancel()
-	_, err := c.client.Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType,
+	_, err := h.client.Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType,
 		specPatch(pod, container, image), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
 	return err
 }
 
-// handOverSpec is steps 2 and 3 for a committed swap; it returns the
+// handOver is steps 2 and 3 for a committed swap; it returns the
 // step's entry for the status annotation.
-func (c *Controller) handOverSpec(pod *corev1.Pod, rec *inplacedv1.SwapRecord, image, specHash string, imageOnly bool) podapi.StepStatus {
-	start := c.now()
-	log := c.log.With(zap.String("pod", pod.Namespace+"/"+pod.Name), zap.String("swap_id", rec.Id))
+func (h *specHandover) handOver(pod *corev1.Pod, rec *inplacedv1.SwapRecord, image, specHash string, imageOnly bool) podapi.StepStatus {
+	ctx := h.ctx()
+	start := h.now()
+	log := h.log.With(zap.String("pod", pod.Namespace+"/"+pod.Name), zap.String("swap_id", rec.Id))
 	// The relist that first shows kubelet the new container (R0) reads its
 	// status: the presented hash.
-	r0 := c.now()
+	r0 := h.now()
 	select {
-	case <-c.kubelet.WhenInspected(rec.RunningContainerId):
-		r0 = c.now()
+	case <-h.kubelet.WhenInspected(rec.RunningContainerId):
+		r0 = h.now()
 	case <-time.After(kubeletSeesWait):
 		log.Warn("kubelet did not look at the new container in time")
-	case <-c.ctx.Done():
+	case <-ctx.Done():
 	}
-	if err := c.waitKubeletSees(pod, rec.Container, rec.RunningContainerId); err != nil {
+	if err := h.waitKubeletSees(ctx, pod, rec.Container, rec.RunningContainerId); err != nil {
 		log.Warn("writing the spec image without having seen kubelet's sync of the new container", zap.Error(err))
 	}
-	var err error
-	for attempt := 0; attempt < 3; attempt++ {
-		ctx, cancel := context.WithTimeout(c.ctx, apiTimeout)
-		_, err = c.client.Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType,
-			specPatch(pod, rec.Container, image), metav1.PatchOptions{})
-		cancel()
-		if err == nil || c.ctx.Err() != nil {
-			break
-		}
-		time.Sleep(time.Second)
-	}
+	err := h.patchImage(ctx, pod, rec.Container, image)
 	if err == nil {
-		c.waitRelistAfter(r0, log)
+		h.waitRelistAfter(ctx, r0, log)
 	}
 	st := podapi.StepStatus{Name: StepSpecPatch}
 	if err != nil {
 		// The container keeps showing kubelet the old spec's hash: the image
 		// stays an override until the spec changes.
 		log.Error("cannot write the swapped image into the pod spec; it stays an override", zap.Error(err))
-		c.cannot(pod, "patch the pod spec image", err)
+		h.writer.cannot(pod, "patch the pod spec image", err)
 		st.Error = fmt.Sprintf("the spec still names the old image, the new one runs as an override: %v", err)
-	} else if err := c.engine.SpecWritten(c.ctx, rec, specHash, imageOnly); err != nil {
+	} else if err := h.engine.SpecWritten(ctx, rec, specHash, imageOnly); err != nil {
 		st.Error = err.Error()
 	} else {
 		log.Info("pod spec image written after the swap", zap.String("image", image))
 	}
-	st.DurationMs = float64(c.now().Sub(start)) / 1e6
+	st.DurationMs = float64(h.now().Sub(start)) / 1e6
 	return st
+}
+
+// patchImage writes the image into the spec, trying three times a second
+// apart.
+func (h *specHandover) patchImage(ctx context.Context, pod *corev1.Pod, container, image string) error {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		callCtx, cancel := context.WithTimeout(ctx, apiTimeout)
+		_, err = h.client.Pods(pod.Namespace).Patch(callCtx, pod.Name, types.StrategicMergePatchType,
+			specPatch(pod, container, image), metav1.PatchOptions{})
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	return err
 }
 
 // waitRelistAfter waits until kubelet's PLEG relist after r0 (R1) has
@@ -128,23 +150,23 @@ func (c *Controller) handOverSpec(pod *corev1.Pod, rec *inplacedv1.SwapRecord, i
 // other unfiltered lists (housekeeping, garbage collection) come at other
 // times, so R1 is the first one from plegEarly after r0; without one, a
 // second and a quarter after r0 is taken as past it.
-func (c *Controller) waitRelistAfter(r0 time.Time, log *zap.Logger) {
+func (h *specHandover) waitRelistAfter(ctx context.Context, r0 time.Time, log *zap.Logger) {
 	deadline := r0.Add(plegLate)
 	for {
-		if r1, ok := c.kubelet.FirstRelistAfter(r0.Add(plegEarly)); ok {
-			sleepUntil(c.ctx, r1.Add(relistSettle))
+		if r1, ok := h.kubelet.FirstRelistAfter(r0.Add(plegEarly)); ok {
+			sleepUntil(ctx, r1.Add(relistSettle))
 			return
 		}
-		now := c.now()
+		now := h.now()
 		if now.After(deadline) {
 			log.Warn("no kubelet relist seen a second after the one that showed the new container; going on")
-			sleepUntil(c.ctx, r0.Add(plegFallback))
+			sleepUntil(ctx, r0.Add(plegFallback))
 			return
 		}
 		select {
-		case <-c.kubelet.NextRelist():
+		case <-h.kubelet.NextRelist():
 		case <-time.After(deadline.Sub(now)):
-		case <-c.ctx.Done():
+		case <-ctx.Done():
 			return
 		}
 	}
@@ -170,26 +192,38 @@ func sleepUntil(ctx context.Context, t time.Time) {
 // waitKubeletSees waits until kubelet's pod status names the new
 // container: kubelet wrote it from a sync that saw the container, and that
 // sync took the pod spec before it looked.
-func (c *Controller) waitKubeletSees(pod *corev1.Pod, container, id string) error {
-	deadline := c.now().Add(kubeletSeesWait)
+func (h *specHandover) waitKubeletSees(ctx context.Context, pod *corev1.Pod, container, id string) error {
+	deadline := h.now().Add(kubeletSeesWait)
 	for {
-		c.mu.Lock()
-		lister := c.lister
-		c.mu.Unlock()
-		if p, err := lister.Pods(pod.Namespace).Get(pod.Name); err == nil && p.UID == pod.UID {
-			for _, s := range p.Status.ContainerStatuses {
-				if s.Name == container && strings.HasSuffix(s.ContainerID, "://"+id) {
-					return nil
-				}
-			}
+		if h.statusNames(pod, container, id) {
+			return nil
 		}
-		if c.now().After(deadline) {
+		if h.now().After(deadline) {
 			return fmt.Errorf("kubelet's pod status did not name container %s within %s", id, kubeletSeesWait)
 		}
 		select {
-		case <-c.ctx.Done():
-			return c.ctx.Err()
+		case <-ctx.Done():
+			return ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// statusNames reports whether the cached pod's status names container id
+// for container.
+func (h *specHandover) statusNames(pod *corev1.Pod, container, id string) bool {
+	lister := h.cache.podLister()
+	if lister == nil {
+		return false
+	}
+	p, err := lister.Pods(pod.Namespace).Get(pod.Name)
+	if err != nil || p.UID != pod.UID {
+		return false
+	}
+	for _, s := range p.Status.ContainerStatuses {
+		if s.Name == container && strings.HasSuffix(s.ContainerID, "://"+id) {
+			return true
+		}
+	}
+	return false
 }

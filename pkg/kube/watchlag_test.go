@@ -9,7 +9,6 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -32,10 +31,19 @@ func (p *preparing) Prepare(_ context.Context, c swap.KubeletChange) (*swap.Prep
 
 type lagEnv struct {
 	c       *Controller
+	st      *store.Store
 	indexer cache.Indexer
 	pod     *corev1.Pod
 	id      string
 	eng     *preparing
+}
+
+// compose makes the controller under test with engine eng, the pod
+// informer's cache on the indexer, and the pod watch not started.
+func (e *lagEnv) compose(eng Engine) {
+	e.c = compose(Options{NodeName: "node-a", Engine: eng, Kubelet: kubeletview.New(), Store: e.st, Logger: zap.NewNop(),
+		Credentials: newCredentials()})
+	e.c.cache.set(listersv1.NewPodLister(e.indexer), nil)
 }
 
 func newLagEnv(t *testing.T) *lagEnv {
@@ -62,10 +70,9 @@ func newLagEnv(t *testing.T) *lagEnv {
 		t.Fatal(err)
 	}
 	eng := &preparing{prepared: make(chan swap.KubeletChange, 4)}
-	c := &Controller{node: "node-a", engine: eng, kubelet: kubeletview.New(), store: st, log: zap.NewNop(), now: time.Now, creds: newCredentials(),
-		changes: map[containerKey]*change{}, waiters: map[types.UID][]chan struct{}{}, ctx: context.Background(),
-		lister: listersv1.NewPodLister(indexer)}
-	return &lagEnv{c: c, indexer: indexer, pod: pod, id: id, eng: eng}
+	e := &lagEnv{st: st, indexer: indexer, pod: pod, id: id, eng: eng}
+	e.compose(eng)
+	return e
 }
 
 // TestStopWaitsForALaggingWatch: kubelet's watch delivered an image patch
@@ -74,16 +81,16 @@ func newLagEnv(t *testing.T) *lagEnv {
 // downtime.
 func TestStopWaitsForALaggingWatch(t *testing.T) {
 	e := newLagEnv(t)
+	start := time.Now() // before the delivery's clock starts
 	go func() {
 		time.Sleep(80 * time.Millisecond)
 		v2 := e.pod.DeepCopy()
 		v2.ResourceVersion = "2"
 		v2.Spec.Containers[0].Image = "registry.local/app:v2"
 		_ = e.indexer.Update(v2)
-		e.c.delivered(v2)
+		e.c.cache.delivered(v2)
 	}()
-	start := time.Now()
-	ch := e.c.detect(context.Background(), e.id)
+	ch := e.c.images.detect(context.Background(), e.id)
 	took := time.Since(start)
 	if ch == nil || ch.image != "registry.local/app:v2" {
 		t.Fatalf("detect = %+v after %s, want the change to v2", ch, took)
@@ -107,7 +114,7 @@ func TestStopWaitsForALaggingWatch(t *testing.T) {
 func TestStopWithoutSpecChangeWaitsAtMostWatchLag(t *testing.T) {
 	e := newLagEnv(t)
 	start := time.Now()
-	if ch := e.c.detect(context.Background(), e.id); ch != nil {
+	if ch := e.c.images.detect(context.Background(), e.id); ch != nil {
 		t.Fatalf("detect = %+v, want nothing to hold", ch)
 	}
 	if took := time.Since(start); took < watchLag || took > watchLag+time.Second {
@@ -126,7 +133,7 @@ func TestStopOfDeletedPodNeverWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if ch := e.c.detect(context.Background(), e.id); ch != nil {
+	if ch := e.c.images.detect(context.Background(), e.id); ch != nil {
 		t.Fatalf("detect = %+v for a pod being deleted", ch)
 	}
 	if took := time.Since(start); took > 100*time.Millisecond {

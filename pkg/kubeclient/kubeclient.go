@@ -6,9 +6,9 @@
 // memory, for a daemon that reads and writes four core/v1 resources. This
 // client makes the requests client-go's generated core/v1 clients make
 // (their generic base, k8s.io/client-go/gentype, written out for the five
-// calls used: gentype also holds client-go's fake clients, which link
+// calls used: gentype also has client-go's fake clients, which link
 // k8s.io/client-go/testing and with it strategic merge patch, managed
-// fields and the OpenAPI models) over a rest client whose scheme holds only
+// fields and the OpenAPI models) over a rest client whose scheme has only
 // core/v1 and meta/v1. Same paths, verbs, subresources, query parameters,
 // content types (protobuf preferred) and rate limits as
 // kubernetes.Interface's CoreV1(): TestSameRequestsAsClientset.
@@ -44,7 +44,7 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// Scheme holds core/v1 and the meta/v1 types every group version uses
+// Scheme has core/v1 and the meta/v1 types every group version uses
 // (options, Status, WatchEvent): all that inplaced decodes.
 var Scheme = runtime.NewScheme()
 

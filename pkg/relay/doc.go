@@ -2,11 +2,33 @@
 // receives to a backend CRI endpoint untouched, and decodes only the methods
 // that have an interceptor registered.
 //
-// Server (router.go) serves the caller's connection at the HTTP/2 frame
+// Server (server.go) serves the caller's connection at the HTTP/2 frame
 // level: a stream no interceptor, open gate, stream filter or debug log wants
 // is forwarded frame by frame to a backend HTTP/2 connection; every other one
 // goes, the same way, to an in-process grpc.Server running the gRPC handler
 // described below (Relay.ServerOptions).
+//
+// The router, by file:
+//
+//   - server.go: Server, its listeners and sessions, the routes, the
+//     in-process connections to the gRPC handler.
+//   - session.go: one caller connection and the upstream connections it
+//     opened, under one lock; one reader goroutine per connection, whose
+//     loop is read a frame, handle it, then wait (pace.go) outside the lock.
+//   - conn.go: a connection of a session (peer), opening an upstream one,
+//     connection errors.
+//   - frames.go: what each frame read does.
+//   - request.go: the checks a request must pass, and the router's own
+//     answers to one that is not a gRPC call.
+//   - stream.go: a relayed stream, its state (streamState, halfState) and
+//     every transition of it.
+//   - flow.go: forwarding within the flow-control windows, what waits for
+//     one, the credit given back.
+//   - pace.go: pacing a caller that wastes our work, and the back-pressure
+//     of a peer that does not read; limits.go: the limits that end a
+//     connection.
+//   - headers.go, hpackenc.go: header blocks decoded and encoded; rawio.go:
+//     socket reads and writes that never wait under the lock (sockWriter).
 //
 // Server.Drain (drain.go) hands the callers over to the next process on the
 // same socket at a restart: GOAWAY to each, the calls in flight let finish
@@ -79,9 +101,16 @@
 //     caller connection has its own state, lock and backend connections.
 //
 // With WithGRPCServer (config relay: grpc) the callers' connections are
-// grpc-go's server's own, with its limits; the router's request checks
-// still run in front of it (checkedConn, grpccheck.go), so a malformed
-// request reaches no backend in either mode.
+// grpc-go's server's own, with grpc-go's limits and checks and nothing in
+// front of them: the fallback is plain grpc-go, so that it does not share a
+// bug of the router's. It advertises the same stream limit (maxStreams,
+// grpc.MaxConcurrentStreams), which grpc-go enforces with REFUSED_STREAM
+// and which also bounds its running handlers (grpc-go's own answer to
+// CVE-2023-44487). A malformed request grpc-go accepts (a `te` other than
+// "trailers", no :scheme, a stream that depends on itself, a body that
+// disagrees with its content-length) reaches the backend as the call it
+// names, as it would going to containerd directly (TestMalformedRequests;
+// docs/architecture.md).
 //
 // Each limit that ends a connection is logged (warn) and counted by the
 // abuse observer (the metric inplaced_relay_abuse_total{limit}). Protocol

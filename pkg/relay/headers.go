@@ -14,9 +14,8 @@ import (
 // it reuses.
 //
 // x/net's Framer can do this (ReadMetaHeaders), but it allocates a frame,
-// a field slice and a closure per block: with ten frames a call, that was a
-// fifth of the router's CPU at 16 callers (BenchmarkRelayCost's profile,
-// docs/architecture.md). The checks are the Framer's: the same limits, the
+// a field slice and a closure per block, which with ten frames a call was
+// much of the router's CPU (docs/performance.md). The checks are the Framer's: the same limits, the
 // same field validation, the same connection errors.
 type headerBlock struct {
 	dec     *hpack.Decoder

@@ -105,6 +105,7 @@ func (e *headerEncoder) block() {
 func (e *headerEncoder) field(f hpack.HeaderField) {
 	slot := &e.recent[recentSlot(f)]
 	if !f.Sensitive && sameStrings(slot.name, f.Name) && sameStrings(slot.value, f.Value) {
+		// Seen before, at the same addresses: most fields of most calls.
 		if slot.static != 0 {
 			e.buf = appendVarInt(e.buf, 7, 0x80, uint64(slot.static))
 			return
@@ -114,21 +115,35 @@ func (e *headerEncoder) field(f hpack.HeaderField) {
 			return
 		}
 	}
-	nameIdx := uint64(0)
-	if !f.Sensitive {
-		if s := staticPair[pairKey{f.Name, f.Value}]; s != 0 {
-			*slot = recentField{name: f.Name, value: f.Value, static: s}
-			e.buf = appendVarInt(e.buf, 7, 0x80, uint64(s))
-			return
-		}
-		if k := e.byPair[pairKey{f.Name, f.Value}]; k != 0 {
-			if idx, ok := e.index(k); ok {
-				*slot = recentField{name: f.Name, value: f.Value, entry: k}
-				e.buf = appendVarInt(e.buf, 7, 0x80, idx)
-				return
-			}
+	if !f.Sensitive && e.indexedPair(f, slot) {
+		return
+	}
+	e.literal(f, slot)
+}
+
+// indexedPair writes f as an indexed field if the static table or a
+// dynamic entry still in the table holds it, remembers where in slot, and
+// says whether it did.
+func (e *headerEncoder) indexedPair(f hpack.HeaderField, slot *recentField) bool {
+	if s := staticPair[pairKey{f.Name, f.Value}]; s != 0 {
+		*slot = recentField{name: f.Name, value: f.Value, static: s}
+		e.buf = appendVarInt(e.buf, 7, 0x80, uint64(s))
+		return true
+	}
+	if k := e.byPair[pairKey{f.Name, f.Value}]; k != 0 {
+		if idx, ok := e.index(k); ok {
+			*slot = recentField{name: f.Name, value: f.Value, entry: k}
+			e.buf = appendVarInt(e.buf, 7, 0x80, idx)
+			return true
 		}
 	}
+	return false
+}
+
+// literal writes f as a literal field, its name indexed if a table holds
+// it, and adds it to the dynamic table if it may be.
+func (e *headerEncoder) literal(f hpack.HeaderField, slot *recentField) {
+	nameIdx := uint64(0)
 	if s := staticName[f.Name]; s != 0 {
 		nameIdx = uint64(s)
 	} else if k := e.byName[f.Name]; k != 0 {

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"fmt"
-	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/net/http2"
@@ -38,24 +37,6 @@ const (
 	// write (sockWriter): past it the readers of the session stop reading
 	// until it drains or its write deadline ends it.
 	maxOverflow = 4 << 20
-
-	// A caller that makes us work for nothing is paced: past paceFree
-	// resets (as rapidResetLimit counts them) or control frames (as
-	// maxControlFrames counts them), its reader pauses pacePause, outside
-	// the session's lock, after every paceEvery more. Its connection still
-	// ends at the limit, at least 90 pauses later; meanwhile it takes at most
-	// the CPU of paceEvery frames per pacePause, and the other callers'
-	// calls keep their latency on a machine the flood would otherwise
-	// saturate (TestRelayAbuse; docs/performance.md). Kubelet and grpc-go
-	// clients stay far below paceFree: every answered call takes a reset
-	// off, every HEADERS or DATA frame we send clears the control count.
-	// Small bursts often rather than large ones seldom: a victim's call
-	// that meets a burst waits for at most paceEvery frames (100 frames
-	// per 5 ms kept the victim's p99 at 1.1-1.6x its idle p99, 10 per 1 ms
-	// at 0.9-1.3x, in the same minutes; docs/performance.md).
-	paceFree  = 100
-	paceEvery = 10
-	pacePause = time.Millisecond
 )
 
 // Abuse kinds, the observer's (and the metric's) label values.
@@ -94,8 +75,8 @@ func (s *session) controlFrame(p *peer, limit string) error {
 	if p.ctrl++; p.ctrl > maxControlFrames {
 		return s.abuse(p, limit)
 	}
-	if p == s.down && p.ctrl > paceFree {
-		s.waste++
+	if p == s.down {
+		s.pace.wasted(p.ctrl)
 	}
 	if p.w.stalled.Load() && p.w.control.Add(1) > maxQueuedControlFrames {
 		return s.abuse(p, limitControlQueue)
@@ -109,18 +90,6 @@ func (s *session) countReset() error {
 	if s.resets++; s.resets > rapidResetLimit {
 		return s.abuse(s.down, limitRapidReset)
 	}
-	if s.resets > paceFree {
-		s.waste++
-	}
+	s.pace.wasted(s.resets)
 	return nil
-}
-
-// paced says whether the caller's reader must now pause pacePause: the
-// caller has wasted paceEvery more frames.
-func (s *session) paced() bool {
-	if s.waste < paceEvery {
-		return false
-	}
-	s.waste -= paceEvery
-	return true
 }

@@ -20,12 +20,11 @@ import (
 // sockets, and a Go process that goes idle between calls pays for each of
 // them in the scheduler — every read and write through net.Conn enters and
 // leaves a system call (entersyscall), which wakes the runtime's monitor
-// thread whenever it went to sleep while the process was idle. Measured in
-// BenchmarkRelayCost (a CPU profile of the router at 16 callers): the wake-up
-// alone was 12% of the router's CPU and the monitor's own loop more
-// (docs/architecture.md). A raw call on a non-blocking socket returns at
-// once (EAGAIN rather than blocking), so it needs none of that; deadlines,
-// Close and the poller work as for net.Conn, through RawConn.
+// thread whenever it went to sleep while the process was idle (the profile
+// that showed it is in docs/architecture.md). A raw call on a non-blocking
+// socket returns at once (EAGAIN rather than blocking), so it needs none of
+// that; deadlines, Close and the poller work as for net.Conn, through
+// RawConn.
 type rawIO struct {
 	rc syscall.RawConn
 }

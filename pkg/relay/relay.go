@@ -25,10 +25,10 @@ const MaxMsgSize = 64 << 20
 // client. gRPC's default window is dynamic: the receiver sizes it with a
 // BDP ping sent along with received data, which on a local socket is one
 // more write, read and wake-up per relayed call on each side of the proxy
-// (strace on a Version loop: 7.6 → 4.2 reads per call without it). Static
-// windows, large enough that a kubelet-sized ListContainers answer never
-// waits for a WINDOW_UPDATE, turn the pings off. A window is credit the
-// peer may use, not memory held.
+// (docs/performance.md, "Static windows"). Static windows, large enough
+// that a kubelet-sized ListContainers answer never waits for a
+// WINDOW_UPDATE, turn the pings off. A window is credit the peer may use,
+// not memory held.
 const (
 	streamWindow = 16 << 20
 	connWindow   = 32 << 20
@@ -258,24 +258,32 @@ func (r *Relay) handleStream(ctx context.Context, method string, ss grpc.ServerS
 	if err != nil {
 		return err
 	}
-	// caller -> backend
-	go func() {
-		for {
-			var f Frame
-			if err := ss.RecvMsg(&f); err != nil {
-				if errors.Is(err, io.EOF) {
-					_ = cs.CloseSend()
-				} else {
-					cancel()
-				}
-				return
+	go forwardRequests(ss, cs, cancel)
+	return r.forwardAnswers(ctx, method, ss, cs)
+}
+
+// forwardRequests pumps the caller's messages to the backend until the
+// caller ends its side (passed on) or fails (the call is cancelled).
+func forwardRequests(ss grpc.ServerStream, cs grpc.ClientStream, cancel func()) {
+	for {
+		var f Frame
+		if err := ss.RecvMsg(&f); err != nil {
+			if errors.Is(err, io.EOF) {
+				_ = cs.CloseSend()
+			} else {
+				cancel()
 			}
-			if err := cs.SendMsg(&f); err != nil {
-				return // the backend's error surfaces on RecvMsg below
-			}
+			return
 		}
-	}()
-	// backend -> caller
+		if err := cs.SendMsg(&f); err != nil {
+			return // the backend's error surfaces on RecvMsg in forwardAnswers
+		}
+	}
+}
+
+// forwardAnswers pumps the backend's messages to the caller, those the
+// method's stream filter lets through, until the backend ends the stream.
+func (r *Relay) forwardAnswers(ctx context.Context, method string, ss grpc.ServerStream, cs grpc.ClientStream) error {
 	filter := r.filters[method]
 	headerSent := false
 	for {
@@ -288,20 +296,7 @@ func (r *Relay) handleStream(ctx context.Context, method string, ss grpc.ServerS
 			headerSent = true
 		}
 		if err != nil {
-			if md := cs.Trailer(); len(md) > 0 {
-				ss.SetTrailer(md)
-			}
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			if status.Code(err) == codes.Canceled {
-				select {
-				case <-r.drainOf(method):
-					return status.Error(codes.Unavailable, "inplaced is shutting down")
-				default:
-				}
-			}
-			return err
+			return r.streamEnd(ss, cs, method, err)
 		}
 		if filter != nil && !filter(ctx, f.Data) {
 			continue
@@ -310,6 +305,26 @@ func (r *Relay) handleStream(ctx context.Context, method string, ss grpc.ServerS
 			return err
 		}
 	}
+}
+
+// streamEnd is what the caller gets when the backend ended its stream
+// with err: the backend's trailers and status, or Unavailable when the
+// call was cancelled because the relay drains.
+func (r *Relay) streamEnd(ss grpc.ServerStream, cs grpc.ClientStream, method string, err error) error {
+	if md := cs.Trailer(); len(md) > 0 {
+		ss.SetTrailer(md)
+	}
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	if status.Code(err) == codes.Canceled {
+		select {
+		case <-r.drainOf(method):
+			return status.Error(codes.Unavailable, "inplaced is shutting down")
+		default:
+		}
+	}
+	return err
 }
 
 // outgoing turns the caller's metadata into metadata for the backend call.
@@ -328,4 +343,13 @@ func outgoing(ctx context.Context) context.Context {
 		out[k] = v
 	}
 	return metadata.NewOutgoingContext(ctx, out)
+}
+
+// FallbackLimits are the limits grpc-go's server advertises and enforces
+// when it serves the callers' connections itself (WithGRPCServer): the
+// router's stream limit, which grpc-go enforces with REFUSED_STREAM and
+// which also bounds its running handlers (grpc-go's answer to
+// CVE-2023-44487). Message sizes and windows are ServerOptions'.
+func FallbackLimits() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.MaxConcurrentStreams(maxStreams)}
 }

@@ -104,7 +104,7 @@ func (r *Resizer) viaCgroups(ctx context.Context, o *op) error {
 	if rtErr != nil {
 		// The runtime refused (a v1 EINVAL of a quota above a pod inplaced
 		// had not raised: kubelet's pod limits being lower, say), and Apply
-		// repaired the container: let the runtime record what the cgroups hold.
+		// repaired the container: let the runtime record what the cgroups are set to.
 		if _, err := o.update(ctx, o.req); err != nil {
 			o.rec.Error = fmt.Sprintf("in effect, but the runtime's record of the container still shows the previous values: it refused twice (%v; then %v)",
 				status.Convert(rtErr).Message(), status.Convert(err).Message())
@@ -113,7 +113,7 @@ func (r *Resizer) viaCgroups(ctx context.Context, o *op) error {
 	return nil
 }
 
-// verify reads the cgroups back: the container must hold exactly want and
+// verify reads the cgroups back: the container must have exactly want and
 // the pod at least that. With prev = want the pod rule moves nothing, so an
 // empty plan means everything is in effect.
 func (r *Resizer) verify(t resources.Target, want resources.Limits) (resources.Current, error) {

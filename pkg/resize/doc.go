@@ -31,11 +31,11 @@
 //     write read back, its own writes undone on failure. With the systemd
 //     cgroup driver each write also sets the unit's property, as runc does.
 //  4. Whether or not the runtime succeeded, the files are repaired in 3.
-//  5. Read back once more: the container's cgroup must hold exactly the
+//  5. Read back once more: the container's cgroup must have exactly the
 //     request, and the pod cgroup at least that.
 //  6. If the runtime had failed in step 3 (the pod was too small), call it
 //     again now that the pod has room: it succeeds and its record matches
-//     the cgroups. If that second call fails the cgroups still hold the
+//     the cgroups. If that second call fails the cgroups still have the
 //     request; the record's error says the backend's record lags.
 //
 // If step 4 or 5 fails, everything is put back: the runtime is asked for the

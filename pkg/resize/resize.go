@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/caller"
+	"github.com/inplaced/inplaced/pkg/criinfo"
 	"github.com/inplaced/inplaced/pkg/errkind"
 	"github.com/inplaced/inplaced/pkg/fence"
 	"github.com/inplaced/inplaced/pkg/resources"
@@ -55,7 +55,7 @@ type Options struct {
 	Cgroups *resources.Manager
 	// Store records every resize.
 	Store Recorder
-	// Fences, when set, make the control API refuse a container a swap holds.
+	// Fences, when set, make the control API refuse a container being swapped.
 	Fences *fence.Registry
 	// Classes say where each runtime handler's limits are enforced; nil:
 	// the built-in table (runtimeclass.New(nil)).
@@ -84,7 +84,7 @@ type Resizer struct {
 	// must not interleave with another resize of the same pod.
 	mu sync.Mutex
 
-	// missed holds kubelet's resizes that went to the backend without the
+	// missed keeps kubelet's resizes that went to the backend without the
 	// resizer (PassedThrough), by container ID, until RecordMissed writes
 	// them into the containers' recorded creates.
 	missedMu sync.Mutex
@@ -99,7 +99,11 @@ func New(o Options) (*Resizer, error) {
 	r := &Resizer{rt: o.Runtime, cg: o.Cgroups, store: o.Store, fences: o.Fences,
 		classes: o.Classes, log: o.Logger, timeout: o.Timeout, now: o.Now}
 	if r.classes == nil {
-		r.classes, _ = runtimeclass.New(nil) // the built-in table alone is valid
+		builtin, err := runtimeclass.New(nil)
+		if err != nil {
+			return nil, fmt.Errorf("resize.New: the built-in runtime classes: %w", err)
+		}
+		r.classes = builtin
 	}
 	if r.log == nil {
 		r.log = zap.NewNop()
@@ -307,16 +311,6 @@ type op struct {
 	exactPod bool
 }
 
-// verboseInfo is the part of containerd's verbose ContainerStatus info used here.
-type verboseInfo struct {
-	SandboxID   string `json:"sandboxID"`
-	RuntimeSpec struct {
-		Linux struct {
-			CgroupsPath string `json:"cgroupsPath"`
-		} `json:"linux"`
-	} `json:"runtimeSpec"`
-}
-
 // inspect reads what a resize needs to know about container id: its status,
 // cgroupsPath and whether its sandbox is a VM. sandboxID may be empty.
 func (r *Resizer) inspect(ctx context.Context, id, sandboxID string) (*op, error) {
@@ -332,15 +326,13 @@ func (r *Resizer) inspect(ctx context.Context, id, sandboxID string) (*op, error
 	if o.id == "" {
 		o.id = id
 	}
-	var info verboseInfo
-	if raw, ok := resp.GetInfo()["info"]; ok {
-		if err := json.Unmarshal([]byte(raw), &info); err != nil {
-			r.log.Warn("resize: cannot decode verbose container info", zap.String("container_id", o.id), zap.Error(err))
-		}
+	info := criinfo.ContainerOf(resp.GetInfo())
+	if err := info.Err(); err != nil && !errors.Is(err, criinfo.ErrNoInfo) {
+		r.log.Warn("resize: cannot decode verbose container info", zap.String("container_id", o.id), zap.Error(err))
 	}
-	o.cgroupsPath = info.RuntimeSpec.Linux.CgroupsPath
+	o.cgroupsPath = info.CgroupsPath()
 	if sandboxID == "" {
-		sandboxID = info.SandboxID
+		sandboxID = info.SandboxID()
 	}
 	if sandboxID == "" {
 		list, err := r.rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{Id: o.id}})
@@ -358,14 +350,13 @@ func (r *Resizer) inspect(ctx context.Context, id, sandboxID string) (*op, error
 		if err != nil {
 			return nil, fmt.Errorf("sandbox status %s: %w", short(sandboxID), err)
 		}
-		var sb sandboxVerbose
-		if raw, ok := ps.GetInfo()["info"]; ok {
-			if err := json.Unmarshal([]byte(raw), &sb); err != nil {
-				r.log.Warn("resize: cannot decode verbose sandbox info", zap.String("sandbox_id", sandboxID), zap.Error(err))
-			}
+		sb := criinfo.SandboxOf(ps.GetInfo())
+		cfg, err := sb.Config()
+		if err != nil && !errors.Is(err, criinfo.ErrNoInfo) && !errors.Is(err, criinfo.ErrNoConfig) {
+			r.log.Warn("resize: cannot decode verbose sandbox info", zap.String("sandbox_id", sandboxID), zap.Error(err))
 		}
-		o.class = r.classes.Lookup(ps.GetStatus().GetRuntimeHandler(), sb.RuntimeType)
-		o.overhead = sb.overhead(o.class.Overhead)
+		o.class = r.classes.Lookup(ps.GetStatus().GetRuntimeHandler(), sb.RuntimeType())
+		o.overhead = overhead(cfg, o.class.Overhead)
 	}
 	labels := st.GetLabels()
 	o.rec = &inplacedv1.ResizeRecord{
@@ -418,7 +409,7 @@ func (r *Resizer) run(ctx context.Context, o *op, start time.Time) (err error) {
 		return r.viaSandbox(ctx, o)
 	case o.class.Enforcement == runtimeclass.ContainerCgroups:
 		return r.viaCgroups(ctx, o)
-	default: // vm, unknown: nothing on the host holds the container
+	default: // vm, unknown: no host cgroup contains the container
 		return r.viaBackend(ctx, o)
 	}
 }

@@ -16,17 +16,10 @@ import (
 	"github.com/inplaced/inplaced/pkg/swap"
 )
 
-// sandboxVerbose is the part of containerd's verbose PodSandboxStatus info a
-// resize uses: the runtime type (for handlers in no table) and the sandbox
-// config kubelet sent, with the pod overhead of its RuntimeClass.
-type sandboxVerbose struct {
-	RuntimeType string                       `json:"runtimeType"`
-	Config      *runtimeapi.PodSandboxConfig `json:"config"`
-}
-
-// overhead is the pod overhead the sandbox config declares, else def.
-func (s sandboxVerbose) overhead(def runtimeclass.Overhead) runtimeclass.Overhead {
-	oh := s.Config.GetLinux().GetOverhead()
+// overhead is the pod overhead the sandbox config kubelet sent declares
+// (kubelet passes its RuntimeClass's there), else def; cfg may be nil.
+func overhead(cfg *runtimeapi.PodSandboxConfig, def runtimeclass.Overhead) runtimeclass.Overhead {
+	oh := cfg.GetLinux().GetOverhead()
 	if oh == nil || (oh.GetCpuQuota() <= 0 && oh.GetMemoryLimitInBytes() <= 0) {
 		return def
 	}
@@ -201,7 +194,7 @@ func (r *Resizer) others(ctx context.Context, o *op) ([]string, error) {
 	return names, nil
 }
 
-// sandboxLimits is what the pod cgroup of a sandbox holding one container
+// sandboxLimits is what the pod cgroup of a sandbox with one container
 // gets for that container's limits: each limit plus the pod overhead (as
 // kubelet sizes a pod cgroup), the CPU quota in the pod's own period, which
 // is never changed. Unlimited stays unlimited.
@@ -256,7 +249,7 @@ func raises(c resources.Cgroup, want resources.Limits) bool {
 		(want.CPUShares != nil && *want.CPUShares > c.CPUShares)
 }
 
-// limitsOf is what a cgroup holds, as Limits (to put it back).
+// limitsOf is what a cgroup is set to, as Limits (to put it back).
 func limitsOf(c resources.Cgroup) resources.Limits {
 	l := resources.Limits{CPUQuota: ptr(c.CPUQuota), MemoryLimit: ptr(c.MemoryLimit)}
 	if c.CPUShares > 0 {

@@ -14,7 +14,7 @@ import (
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
-// addRunsc sets up container c1 of pod web on gVisor: the pod cgroup holds
+// addRunsc sets up container c1 of pod web on gVisor: the pod cgroup contains
 // the sandbox (memory podMem, usage), the container's own host cgroup exists
 // but governs nothing, and runsc's update only changes its record.
 func (f *fixture) addRunsc(podMem, usage int64) {
@@ -35,7 +35,7 @@ func (f *fixture) addRunsc(podMem, usage int64) {
 }
 
 // On runsc the pod cgroup is resized to the container's limits plus the pod
-// overhead, the runtime is told, the container's own cgroup (which holds no
+// overhead, the runtime is told, the container's own cgroup (which has no
 // process) is not written, and the record says where the limit is enforced.
 func TestResizeSandboxAlone(t *testing.T) {
 	f := newFixture(t)
@@ -123,7 +123,7 @@ func TestResizeSandboxRefusesPerContainer(t *testing.T) {
 }
 
 // kubelet's own resize of a sandboxed pod passes through: kubelet sets the
-// pod cgroup itself; inplaced writes nothing and records what the pod holds.
+// pod cgroup itself; inplaced writes nothing and records the pod's values.
 func TestResizeSandboxKubeletPassesThrough(t *testing.T) {
 	f := newFixture(t)
 	f.addRunsc(256*mi, 10*mi)

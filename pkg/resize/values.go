@@ -202,7 +202,7 @@ func cgroupValues(c resources.Cgroup) *inplacedv1.ResizeValues {
 	return &inplacedv1.ResizeValues{CpuQuota: c.CPUQuota, CpuPeriod: int64(c.CPUPeriod), CpuShares: shares, MemoryLimitBytes: c.MemoryLimit}
 }
 
-// targetValues is what the container should hold after the resize: the
+// targetValues is what the container should have after the resize: the
 // request, and for what it does not set, the values of from.
 func targetValues(want resources.Limits, from *inplacedv1.ResizeValues) *inplacedv1.ResizeValues {
 	v := &inplacedv1.ResizeValues{}
@@ -232,7 +232,7 @@ func criValues(lr *runtimeapi.LinuxContainerResources) *inplacedv1.ResizeValues 
 	return &inplacedv1.ResizeValues{CpuQuota: lr.CpuQuota, CpuPeriod: lr.CpuPeriod, CpuShares: lr.CpuShares, MemoryLimitBytes: lr.MemoryLimitInBytes}
 }
 
-// criMatches reports whether the runtime's record holds every value of want.
+// criMatches reports whether the runtime's record has every value of want.
 func criMatches(lr *runtimeapi.LinuxContainerResources, want resources.Limits) bool {
 	if lr == nil {
 		return false

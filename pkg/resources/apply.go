@@ -27,7 +27,7 @@ type applyOpts struct{ beforeContainer func(context.Context) }
 // container's files or of a pod lowering — the moment to let the runtime
 // change the container itself: the pod has room for it, and the container is
 // not yet lowered below the pod's coming values. Writes planned before f ran
-// that f made unnecessary (the file already holds the value) are skipped.
+// that f made unnecessary (the file already has the value) are skipped.
 // f runs even when there is nothing to write; it does not run when Apply
 // refuses or fails before reaching it.
 func BeforeContainer(f func(context.Context)) ApplyOption {
@@ -44,7 +44,7 @@ func BeforeContainer(f func(context.Context)) ApplyOption {
 // With the systemd driver each write also sets the matching property of the
 // cgroup's unit first (see Systemd), and each restore puts it back.
 //
-// A file that already holds its planned value is not written again, and is
+// A file that already has its planned value is not written again, and is
 // not in Result.Writes.
 //
 // ctx is checked between writes; once writing has begun the restore runs to
@@ -108,8 +108,8 @@ func (m *Manager) Apply(ctx context.Context, t Target, want Limits, prev *Limits
 
 // writeChecked performs one write and reads it back. From is re-read just
 // before writing, so a restore puts back what was really there; a file that
-// already holds To is left alone (skipped). changed reports that the file or
-// the unit may no longer hold From, so the undo must cover it too.
+// already has To is left alone (skipped). changed reports that the file or
+// the unit may no longer have From, so the undo must cover it too.
 func (m *Manager) writeChecked(w Write) (_ Write, changed, skipped bool, _ error) {
 	before, err := m.fs.ReadFile(w.Path)
 	if err != nil {

@@ -54,10 +54,10 @@
 //	pod' = pod + (want - from), never below want
 //
 // where from is the container's value before the resize: prev when the
-// caller passes it (exact), otherwise what the container's cgroup holds when
+// caller passes it (exact), otherwise what the container's cgroup has when
 // Apply reads it. Without prev the rule degrades gracefully: if the runtime
 // failed to apply a value (the usual v1 CPU raise), the container still
-// holds the old value and the delta is exact; if the runtime did apply it,
+// has the old value and the delta is exact; if the runtime did apply it,
 // the delta is 0 and the pod is only raised to the container's new limit
 // when that would exceed it. The floor ("never below want") is what keeps a
 // pod from sitting under its own container whatever the history.

@@ -17,7 +17,7 @@ var (
 	// ErrNotApplied: a file was written without error but reads back another
 	// value (the kernel clamped or ignored it).
 	ErrNotApplied = errors.New("resources: value not applied")
-	// ErrRolledBack: Apply failed and every file it had written holds its
+	// ErrRolledBack: Apply failed and every file it had written has its
 	// previous value again. Reported by *ApplyError.
 	ErrRolledBack = errors.New("resources: rolled back")
 	// ErrRestoreFailed: Apply failed and could not restore every file; the
@@ -40,7 +40,7 @@ func (e *UsageError) Error() string {
 func (e *UsageError) Unwrap() error { return ErrBelowUsage }
 
 // ApplyError is a failed Apply. It says which write failed, what was undone,
-// and what each touched file holds now.
+// and what each touched file has now.
 type ApplyError struct {
 	Step, Steps int   // the failed write, 1-based, of Steps planned
 	Failed      Write // the write that failed (or was not attempted, on cancellation)

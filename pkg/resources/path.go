@@ -135,7 +135,7 @@ func expandSlice(slice string) (string, error) {
 	return dir, nil
 }
 
-// Sandbox returns a Target that names the pod cgroup holding t's container
+// Sandbox returns a Target that names the pod cgroup containing t's container
 // as its own cgroup (and so the pod's parent, a QoS or slice cgroup, as its
 // "pod"): for runtimes whose host cgroups govern only the whole sandbox
 // (gVisor, Kata with sandbox_cgroup_only), Read, Plan and Apply on it work

@@ -38,7 +38,7 @@ type Cgroup struct {
 	Values
 }
 
-// Current is what a container's cgroup and its pod cgroup hold now.
+// Current is what a container's cgroup and its pod cgroup are set to now.
 type Current struct {
 	Container Cgroup
 	Pod       Cgroup

@@ -301,7 +301,7 @@ func TestRealSystemdDriver(t *testing.T) {
 	}
 	t.Logf("writes: %v", res.Writes)
 	// kubelet (or anyone) sets a property of the pod slice and the scope:
-	// systemd re-applies its record, which now holds the resize.
+	// systemd re-applies its record, which now has the resize.
 	systemctl("set-property", "--runtime", slice, "CPUWeight=100")
 	systemctl("set-property", "--runtime", scope, "CPUWeight=100")
 	for _, c := range []struct{ cg, file, want string }{

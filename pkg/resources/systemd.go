@@ -17,7 +17,7 @@ import (
 //
 // With that driver every pod and container cgroup is a systemd unit (a
 // kubepods-...-pod<uid>.slice, a cri-containerd-<id>.scope) whose limits
-// systemd holds as properties (CPUQuotaPerSecUSec, MemoryMax, CPUWeight, ...)
+// systemd keeps as properties (CPUQuotaPerSecUSec, MemoryMax, CPUWeight, ...)
 // and writes into the files itself. systemd does not read the files back: a
 // value written only to a file is replaced by the unit's recorded one the next
 // time systemd applies the unit's properties, which it does for all of them
@@ -104,7 +104,7 @@ func (m *Manager) unitProps(cg, file, content string) ([]UnitProperty, error) {
 
 // cpuQuotaProps is runc's mapping: systemd takes the quota as µs per second
 // and rounds it to whole percent, so it is rounded up to 10 ms per second
-// (the file, written after, holds the exact value).
+// (the file, written after, has the exact value).
 func cpuQuotaProps(quota int64, period uint64) []UnitProperty {
 	perSec := uint64(math.MaxUint64)
 	if quota != Unlimited && period > 0 {

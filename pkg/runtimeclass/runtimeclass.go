@@ -1,22 +1,38 @@
-// Package runtimeclass says where a CRI runtime handler's sandboxes have their
-// CPU and memory limits enforced, so that a resize writes where the limit
-// takes effect and never reports a limit that nothing enforces.
+// Package runtimeclass says what a CRI runtime handler's sandboxes are: where
+// their CPU and memory limits are enforced, so that a resize writes where the
+// limit takes effect and never reports a limit that nothing enforces; and
+// whose network stack their containers' sockets live in, so that a swap
+// holds new connections only where it can see the new process listen.
 //
 // Three kinds of runtime, by what a host cgroup governs:
 //
 //   - ContainerCgroups (runc, crun): every container's processes sit in a
 //     host cgroup of their own; its files are the container's limit.
 //   - SandboxCgroup (gVisor's runsc; Kata with sandbox_cgroup_only): the
-//     host governs only the whole sandbox, through the pod cgroup that holds
-//     it (gVisor's sentry and its stub processes, or the VMM). runsc applies
+//     host governs only the whole sandbox, through the pod cgroup that
+//     contains it (gVisor's sentry and its stub processes, or the VMM). runsc applies
 //     an update to the pod's root (pause) container only; for the others it
 //     just saves the spec. A per-container limit is enforced by nothing.
 //   - VM (Kata): the runtime hot-plugs vCPUs and memory for the sum of the
 //     containers' limits and sets cgroups inside the guest; no host cgroup
-//     holds a container, so nothing can be read back on the host.
+//     contains a container, so nothing can be read back on the host.
 //
 // A handler in no table is Unknown and treated like VM: resized through the
 // runtime only, and nothing is claimed as verified.
+//
+// Two network stacks, by where a container's listening socket lives:
+//
+//   - HostKernel (runc, crun): the host kernel's, in the pod's network
+//     namespace, where a connection hold sees it.
+//   - SandboxStack (gVisor's runsc, whose sentry runs a TCP/IP stack of its
+//     own; Kata, whose VM runs its own kernel): inside the sandbox, where
+//     nothing in the pod's network namespace sees it listen.
+//
+// The two are independent (gVisor with network=host governs its limits as a
+// sandbox and listens on the host kernel), so each class says both; a
+// configured class that names no stack gets the one every known runtime of
+// its enforcement kind has (see New). An Unknown class has no stack either:
+// the hold is tried, as for a runtime not known to hide its sockets.
 //
 // Lookup order: the configured classes (exact names, then "prefix*"
 // patterns), the built-in table by handler name, the runtime type containerd
@@ -42,6 +58,15 @@ const (
 	Unknown          Enforcement = "unknown"
 )
 
+// NetworkStack is whose TCP/IP stack a sandbox's sockets live in.
+type NetworkStack string
+
+// The network stacks (see the package documentation); "" is not known.
+const (
+	HostKernel   NetworkStack = "host-kernel"
+	SandboxStack NetworkStack = "sandbox"
+)
+
 // Overhead is what a sandbox needs beyond its containers' limits (a
 // RuntimeClass's pod overhead): added to their sum for the pod cgroup.
 type Overhead struct {
@@ -55,6 +80,9 @@ type Class struct {
 	// The empty name is CRI's default handler.
 	Handler     string
 	Enforcement Enforcement
+	// NetworkStack is whose network stack the sandbox's sockets live in;
+	// "" when not known (Unknown).
+	NetworkStack NetworkStack
 	// Overhead is used when the pod declares none in its sandbox config
 	// (kubelet passes a RuntimeClass's overhead there).
 	Overhead Overhead
@@ -66,24 +94,25 @@ type Class struct {
 // Builtin is the table used for handlers the configuration does not name.
 func Builtin() []Class {
 	return []Class{
-		{Handler: "runc", Enforcement: ContainerCgroups},
-		{Handler: "crun", Enforcement: ContainerCgroups},
-		{Handler: "runsc", Enforcement: SandboxCgroup},
-		{Handler: "gvisor", Enforcement: SandboxCgroup},
-		{Handler: "kata*", Enforcement: VM},
+		{Handler: "runc", Enforcement: ContainerCgroups, NetworkStack: HostKernel},
+		{Handler: "crun", Enforcement: ContainerCgroups, NetworkStack: HostKernel},
+		{Handler: "runsc", Enforcement: SandboxCgroup, NetworkStack: SandboxStack},
+		{Handler: "gvisor", Enforcement: SandboxCgroup, NetworkStack: SandboxStack},
+		{Handler: "kata*", Enforcement: VM, NetworkStack: SandboxStack},
 	}
 }
 
-// runtimeTypes maps containerd runtime types (shim names) to enforcement,
-// for handlers named in no table.
+// runtimeTypes maps containerd runtime types (shim names) to a class, for
+// handlers named in no table.
 var runtimeTypes = []struct {
 	prefix string
 	e      Enforcement
+	stack  NetworkStack
 }{
-	{"io.containerd.runc.", ContainerCgroups},
-	{"io.containerd.crun.", ContainerCgroups},
-	{"io.containerd.runsc.", SandboxCgroup},
-	{"io.containerd.kata", VM},
+	{"io.containerd.runc.", ContainerCgroups, HostKernel},
+	{"io.containerd.crun.", ContainerCgroups, HostKernel},
+	{"io.containerd.runsc.", SandboxCgroup, SandboxStack},
+	{"io.containerd.kata", VM, SandboxStack},
 }
 
 // Table looks classes up.
@@ -93,7 +122,10 @@ type Table struct {
 }
 
 // New validates the configured classes and returns a table with them in
-// front of the built-in ones.
+// front of the built-in ones. A configured class that names no network
+// stack gets the one of every runtime known of its kind: the host kernel's
+// for container-cgroups (runc, crun), the sandbox's own for sandbox-cgroup
+// and vm (gVisor, Kata); a runtime that differs says so.
 func New(configured []Class) (*Table, error) {
 	var errs []error
 	seen := map[string]bool{}
@@ -112,6 +144,12 @@ func New(configured []Class) (*Table, error) {
 	t := &Table{builtin: Builtin()}
 	for _, c := range configured {
 		c.Source = "config"
+		if c.NetworkStack == "" {
+			c.NetworkStack = SandboxStack
+			if c.Enforcement == ContainerCgroups {
+				c.NetworkStack = HostKernel
+			}
+		}
 		t.configured = append(t.configured, c)
 	}
 	for i := range t.builtin {
@@ -126,6 +164,11 @@ func (c Class) validate() error {
 	default:
 		return fmt.Errorf("handler %q: enforcement %q: want %s, %s or %s", c.Handler, c.Enforcement, ContainerCgroups, SandboxCgroup, VM)
 	}
+	switch c.NetworkStack {
+	case "", HostKernel, SandboxStack:
+	default:
+		return fmt.Errorf("handler %q: network stack %q: want %s or %s", c.Handler, c.NetworkStack, HostKernel, SandboxStack)
+	}
 	if i := strings.Index(c.Handler, "*"); i >= 0 && i != len(c.Handler)-1 {
 		return fmt.Errorf("handler %q: \"*\" may only end a pattern (e.g. kata*)", c.Handler)
 	}
@@ -134,6 +177,10 @@ func (c Class) validate() error {
 	}
 	return nil
 }
+
+// OwnNetworkStack reports whether the sandbox runs a network stack of its
+// own, whose sockets the pod's network namespace does not show.
+func (c Class) OwnNetworkStack() bool { return c.NetworkStack == SandboxStack }
 
 // Lookup returns the class of a sandbox's handler; runtimeType is the
 // runtime type containerd reports for it (may be empty).
@@ -146,11 +193,11 @@ func (t *Table) Lookup(handler, runtimeType string) Class {
 	}
 	for _, rt := range runtimeTypes {
 		if runtimeType != "" && strings.HasPrefix(runtimeType, rt.prefix) {
-			return Class{Handler: handler, Enforcement: rt.e, Source: "runtime type " + runtimeType}
+			return Class{Handler: handler, Enforcement: rt.e, NetworkStack: rt.stack, Source: "runtime type " + runtimeType}
 		}
 	}
 	if handler == "" {
-		return Class{Handler: handler, Enforcement: ContainerCgroups, Source: "built-in"}
+		return Class{Handler: handler, Enforcement: ContainerCgroups, NetworkStack: HostKernel, Source: "built-in"}
 	}
 	return Class{Handler: handler, Enforcement: Unknown}
 }

@@ -23,7 +23,7 @@ var errDamaged = errors.New("damaged")
 // the operator's actions name it.
 const RetryInterval = 5 * time.Second
 
-// lockTimeout bounds the wait for the file lock another process holds.
+// lockTimeout bounds the wait for the file lock another process has taken.
 const lockTimeout = 2 * time.Second
 
 // probeSize is what probeWrite writes: a bbolt commit writes a few pages.

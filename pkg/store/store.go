@@ -37,7 +37,7 @@ var (
 	bucketSwaps      = []byte("swaps")
 	bucketOverrides  = []byte("overrides")
 	bucketResizes    = []byte("resizes")
-	// BucketSetAside holds journal entries that could not be decoded,
+	// BucketSetAside keeps journal entries that could not be decoded,
 	// byte for byte, for inspection (bbolt get state.db journal-set-aside <swap ID>).
 	BucketSetAside = []byte("journal-set-aside")
 )
@@ -56,7 +56,7 @@ const historyLimit = 1000
 type Store struct {
 	dir, path string
 
-	// mu guards db and problem; readers hold it for a whole transaction so
+	// mu guards db and problem; readers keep it locked for a whole transaction so
 	// that Retry never closes a db under one.
 	mu      sync.RWMutex
 	db      *bolt.DB // nil: the file could not be opened

@@ -85,6 +85,6 @@ func TestRegistryAuthNeverPersistedOrLogged(t *testing.T) {
 		t.Fatal("the registry password is in the state file")
 	}
 	if !bytes.Contains(raw, []byte(img)) {
-		t.Fatal("the state file does not even hold the swap: the check above proves nothing")
+		t.Fatal("the state file does not even contain the swap: the check above proves nothing")
 	}
 }

@@ -16,12 +16,14 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/fence"
+	"github.com/inplaced/inplaced/pkg/holdmode"
 	"github.com/inplaced/inplaced/pkg/kubeletview"
+	"github.com/inplaced/inplaced/pkg/runtimeclass"
 	"github.com/inplaced/inplaced/pkg/store"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
-// CrashAfterEnv names a test-only environment variable: when it holds a step
+// CrashAfterEnv names a test-only environment variable: when it names a step
 // name, inplaced kills itself with SIGKILL right after that step, so that the
 // e2e tests can prove recovery from a crash at every step.
 const CrashAfterEnv = "INPLACED_TEST_CRASH_AFTER"
@@ -59,8 +61,10 @@ type Engine struct {
 	obs    Observer
 	puller Puller
 
+	classes *runtimeclass.Table
+
 	holder            Holder
-	holdMode          string
+	holdMode          holdmode.Mode
 	holdMax           time.Duration
 	listenersOptional bool
 
@@ -84,10 +88,15 @@ type Options struct {
 	Observer Observer
 	// Puller (optional) pulls with progress; default: CRI PullImage.
 	Puller Puller
+	// Classes say what each runtime handler's sandbox is; the engine asks
+	// whether it runs a network stack of its own, where no connection hold
+	// can see a listener. nil: the built-in table.
+	Classes *runtimeclass.Table
 	// Holder (optional) keeps new connections from being refused while a
-	// container is swapped; nil holds nothing. ConnectionHold is the
-	// default mode (queue, drop or off; empty: queue) and HoldMax the
-	// default limit (0: DefaultHoldMax); pods override both by annotation.
+	// container is swapped; nil: no connection hold. ConnectionHold is the
+	// default mode as --connection-hold spells it (read by holdmode.Parse;
+	// empty: holdmode.Default) and HoldMax the default limit (0:
+	// DefaultHoldMax); pods override both by annotation.
 	Holder         Holder
 	ConnectionHold string
 	HoldMax        time.Duration
@@ -124,26 +133,52 @@ func New(o Options) (*Engine, error) {
 	if obs == nil {
 		obs = nopObserver{}
 	}
-	mode, holdMax := o.ConnectionHold, o.HoldMax
-	if mode == "" {
-		mode = HoldQueue
+	classes, err := classesOrBuiltin(o.Classes)
+	if err != nil {
+		return nil, err
 	}
-	if mode != HoldQueue && mode != HoldDrop && mode != HoldOff {
-		return nil, fmt.Errorf("swap.New: connection hold %q: use queue, drop or off", mode)
+	mode, holdMax, err := holdDefaults(o.ConnectionHold, o.HoldMax)
+	if err != nil {
+		return nil, err
+	}
+	return &Engine{
+		rt: o.Runtime, img: o.Images, store: o.Store, journal: o.Store, fences: o.Fences, kubelet: o.Kubelet, log: log,
+		minRuntime: o.HealthMinRuntime, crashAfter: os.Getenv(CrashAfterEnv),
+		now: time.Now, runs: map[string]*run{}, obs: obs, puller: o.Puller, classes: classes,
+		holder: o.Holder, holdMode: mode, holdMax: holdMax, listenersOptional: o.ListenersOptional,
+		ready: o.Ready, admit: o.Admission, onSwap: o.OnSwap,
+	}, nil
+}
+
+// classesOrBuiltin is t, or the built-in table when t is nil.
+func classesOrBuiltin(t *runtimeclass.Table) (*runtimeclass.Table, error) {
+	if t != nil {
+		return t, nil
+	}
+	builtin, err := runtimeclass.New(nil)
+	if err != nil {
+		return nil, fmt.Errorf("swap.New: the built-in runtime classes: %w", err)
+	}
+	return builtin, nil
+}
+
+// holdDefaults checks the engine's connection hold defaults and fills in
+// what is not set.
+func holdDefaults(modeWord string, holdMax time.Duration) (holdmode.Mode, time.Duration, error) {
+	mode := holdmode.Default
+	if modeWord != "" {
+		var err error
+		if mode, err = holdmode.Parse(modeWord); err != nil {
+			return "", 0, fmt.Errorf("swap.New: connection hold %w", err)
+		}
 	}
 	if holdMax == 0 {
 		holdMax = DefaultHoldMax
 	}
 	if holdMax < 0 || holdMax > maxHoldMax {
-		return nil, fmt.Errorf("swap.New: hold max %s: give a duration above 0 and up to %s", holdMax, maxHoldMax)
+		return "", 0, fmt.Errorf("swap.New: hold max %s: give a duration above 0 and up to %s", holdMax, maxHoldMax)
 	}
-	return &Engine{
-		rt: o.Runtime, img: o.Images, store: o.Store, journal: o.Store, fences: o.Fences, kubelet: o.Kubelet, log: log,
-		minRuntime: o.HealthMinRuntime, crashAfter: os.Getenv(CrashAfterEnv),
-		now: time.Now, runs: map[string]*run{}, obs: obs, puller: o.Puller,
-		holder: o.Holder, holdMode: mode, holdMax: holdMax, listenersOptional: o.ListenersOptional,
-		ready: o.Ready, admit: o.Admission, onSwap: o.OnSwap,
-	}, nil
+	return mode, holdMax, nil
 }
 
 // Admission checks a pod before every swap of one of its containers

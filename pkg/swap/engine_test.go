@@ -183,8 +183,8 @@ func (e *env) settled(t *testing.T, rec *inplacedv1.SwapRecord) {
 	if j, err := e.st.Journal(); err != nil || len(j) != 0 {
 		t.Errorf("journal after the swap: %v, %v", j, err)
 	}
-	if held := e.fences.All(); len(held) != 0 {
-		t.Errorf("%d fences still held after the swap ended", len(held))
+	if up := e.fences.All(); len(up) != 0 {
+		t.Errorf("%d fences still up after the swap ended", len(up))
 	}
 	got, err := e.st.Swap(rec.Id)
 	if err != nil {
@@ -445,7 +445,7 @@ func TestSwapAbortedAfterStop(t *testing.T) {
 	}
 	f := e.fences.Lookup(fence.Key{SandboxID: e.sbID, Name: "app"})
 	if f == nil {
-		t.Fatal("no fence held during the swap")
+		t.Fatal("no fence up during the swap")
 	}
 	start := time.Now()
 	f.Abort(errors.New("kubelet stopped the container"))
@@ -505,7 +505,7 @@ func TestSwapAbortedDuringStart(t *testing.T) {
 	ev.until(StepStartNew, "started")
 	f := e.fences.Lookup(fence.Key{SandboxID: e.sbID, Name: "app"})
 	if f == nil {
-		t.Fatal("no fence held during the swap")
+		t.Fatal("no fence up during the swap")
 	}
 	time.Sleep(100 * time.Millisecond) // the start is under way in the backend
 	f.Abort(errors.New("the pod sandbox is being removed"))

@@ -11,6 +11,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/fence"
+	"github.com/inplaced/inplaced/pkg/holdmode"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
@@ -62,7 +63,7 @@ func (r *run) execute(ctx context.Context) {
 // spec is what the swap's plan depends on.
 func (r *run) spec() planSpec {
 	return planSpec{kind: r.rec.Kind, drain: r.hooks.BeforeStop != nil, specHash: r.hooks.SpecHash != "",
-		preStop: !r.opts.GetSkipPreStop(), postStart: r.opts.GetPostStart() != nil, hold: r.hold.mode != HoldOff}
+		preStop: !r.opts.GetSkipPreStop(), postStart: r.opts.GetPostStart() != nil, hold: r.hold.mode != holdmode.Off}
 }
 
 // run carries out one step: a shown step is journaled, timed and reported
@@ -106,30 +107,30 @@ func (e *ended) Error() string { return e.step.Error() }
 
 // actions maps each action of a plan to its code.
 var actions = map[action]func(r *run) error{
-	actPull:          (*run).doPull,
-	actPullKubelet:   (*run).doPullKubelet,
-	actProceed:       (*run).doProceed,
-	actConfig:        func(r *run) error { r.setNewConfig(r.config(false)); return nil },
-	actConfigSpec:    func(r *run) error { r.setNewConfig(r.config(true)); return nil },
-	actKubeletConfig: func(r *run) error { r.setNewConfig(r.kubeletConfig(r.imageRef, r.userImage)); return nil },
-	actCreateNew:     (*run).doCreateNew,
-	actDrain:         func(r *run) error { return r.hooks.BeforeStop(r.ctx) },
-	actPreStop:       func(r *run) error { r.preStopStart = r.e.now(); return r.preStop(r.ctx, r.gracePeriod()) },
-	actHold:          (*run).holdConnections,
-	actNoHold:        (*run).recordNoHold,
-	actStopOld:       func(r *run) error { return r.stopOld(stopTimeout(r.gracePeriod(), r.preStopSpent())) },
-	actStopOldKube:   func(r *run) error { return r.stopOld(r.kube.stopTimeout) }, // kubelet already ran preStop and took its time off
-	actStartNew:      (*run).doStartNew,
-	actPostStart:     func(r *run) error { return r.runHandler(r.ctx, r.newID, r.opts.GetPostStart(), r.gracePeriod()) },
-	actHealthGate:    (*run).doHealthGate,
-	actCommit:        func(r *run) error { return r.logCommit(r.commit()) },
-	actCommitRevert:  func(r *run) error { return r.logCommit(r.dropOverride()) },
-	actCommitKubelet: func(r *run) error { return r.logCommit(r.kubeletCommit()) },
-	actRollback:      (*run).doRollback,
-	actClearHold:     (*run).doClearHold,
-	actRemoveNew:     (*run).doRemoveNew,
-	actAdoptNew:      (*run).doAdoptNew,
-	actRecordNew:     (*run).doRecordNew,
+	actPull:            (*run).doPull,
+	actPullKubelet:     (*run).doPullKubelet,
+	actProceed:         (*run).doProceed,
+	actConfig:          func(r *run) error { r.setNewConfig(r.config(false)); return nil },
+	actConfigSpec:      func(r *run) error { r.setNewConfig(r.config(true)); return nil },
+	actKubeletConfig:   func(r *run) error { r.setNewConfig(r.kubeletConfig(r.imageRef, r.userImage)); return nil },
+	actCreateNew:       (*run).doCreateNew,
+	actDrain:           func(r *run) error { return r.hooks.BeforeStop(r.ctx) },
+	actPreStop:         func(r *run) error { r.preStopStart = r.e.now(); return r.preStop(r.ctx, r.gracePeriod()) },
+	actHoldConnections: (*run).holdConnections,
+	actRecordNoHold:    (*run).recordNoHold,
+	actStopOld:         func(r *run) error { return r.stopOld(stopTimeout(r.gracePeriod(), r.preStopSpent())) },
+	actStopOldKube:     func(r *run) error { return r.stopOld(r.kube.stopTimeout) }, // kubelet already ran preStop and took its time off
+	actStartNew:        (*run).doStartNew,
+	actPostStart:       func(r *run) error { return r.runHandler(r.ctx, r.newID, r.opts.GetPostStart(), r.gracePeriod()) },
+	actHealthGate:      (*run).doHealthGate,
+	actCommit:          func(r *run) error { return r.logCommit(r.commit()) },
+	actCommitRevert:    func(r *run) error { return r.logCommit(r.dropOverride()) },
+	actCommitKubelet:   func(r *run) error { return r.logCommit(r.kubeletCommit()) },
+	actRollback:        (*run).doRollback,
+	actClearHold:       (*run).doClearHold,
+	actRemoveNew:       (*run).doRemoveNew,
+	actAdoptNew:        (*run).doAdoptNew,
+	actRecordNew:       (*run).doRecordNew,
 }
 
 func (r *run) doPull() (err error) {
@@ -139,7 +140,7 @@ func (r *run) doPull() (err error) {
 }
 
 // doPullKubelet pulls with the pod's secrets and tells the Prepared how it
-// went: kubelet's held StopContainer waits for that.
+// went: kubelet's StopContainer waits for that.
 func (r *run) doPullKubelet() (err error) {
 	r.imageRef, r.userImage, err = r.pullWithAuths(r.ctx)
 	r.rec.ImageRef = r.imageRef

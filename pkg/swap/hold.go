@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/holdmode"
 	"github.com/inplaced/inplaced/pkg/store"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
@@ -26,16 +27,10 @@ const (
 	AnnotationRequireListeners = "inplaced.io/require-listeners"
 )
 
-// Connection hold modes, as --connection-hold and the annotation spell them.
-const (
-	HoldQueue = "queue"
-	HoldDrop  = "drop"
-	HoldOff   = "off"
-)
-
-// StepHold is the record entry of installing the hold (and quiescing the
-// old listener); the hold itself ends in the record's Hold.
-const StepHold = "hold"
+// StepConnectionHold is the step that installs the connection hold (and
+// quiesces the old listener), named "hold" in swap records and events as
+// users know it; the hold itself ends later, in the record's Hold.
+const StepConnectionHold = "hold"
 
 // quiesceMax bounds the wait for the old listener's accept queue to empty.
 const quiesceMax = 200 * time.Millisecond
@@ -51,7 +46,7 @@ type Holder interface {
 	Ports(netns string, pid int, declared []uint16) (HoldPorts, error)
 	// Hold installs the hold. The mode in place may be weaker than asked
 	// (queue → drop); ActiveHold says which and why.
-	Hold(ctx context.Context, netns string, ports []uint16, mode string) (ActiveHold, error)
+	Hold(ctx context.Context, netns string, ports []uint16, mode holdmode.Mode) (ActiveHold, error)
 	// Remove deletes whatever hold a crashed inplaced left in netns.
 	Remove(netns string) ([]string, error)
 }
@@ -65,7 +60,7 @@ type HoldPorts struct {
 
 // ActiveHold is a hold in place.
 type ActiveHold interface {
-	Mode() string
+	Mode() holdmode.Mode
 	Why() string
 	// Start is when the hold was in place.
 	Start() time.Time
@@ -116,7 +111,7 @@ const (
 
 // holdPlan is what the engine will do about connections for one swap.
 type holdPlan struct {
-	mode string
+	mode holdmode.Mode
 	max  time.Duration
 	why  string // why off, or what was ignored
 	// requireListeners: the new container must listen by max on every port
@@ -126,19 +121,19 @@ type holdPlan struct {
 
 // planHold decides the mode and limit from the engine's defaults and the
 // pod's annotations: decide, then do (no side effect here).
-func planHold(defMode string, defMax time.Duration, haveHolder bool, sb *runtimeapi.PodSandboxConfig) holdPlan {
+func planHold(defMode holdmode.Mode, defMax time.Duration, haveHolder bool, sb *runtimeapi.PodSandboxConfig) holdPlan {
 	p := holdPlan{mode: defMode, max: defMax, requireListeners: true}
 	explicit, notes := p.annotations(sb.GetAnnotations())
 	switch {
-	case p.mode == HoldOff && explicit:
+	case p.mode == holdmode.Off && explicit:
 		notes = append(notes, "off by the pod's annotation "+AnnotationConnectionHold)
-	case p.mode == HoldOff:
+	case p.mode == holdmode.Off:
 		notes = append(notes, "off (--connection-hold=off)")
 	case sb.GetLinux().GetSecurityContext().GetNamespaceOptions().GetNetwork() == runtimeapi.NamespaceMode_NODE && !explicit:
-		p.mode = HoldOff
+		p.mode = holdmode.Off
 		notes = append(notes, "hostNetwork pod: the node's own network namespace is held only when the pod opts in ("+AnnotationConnectionHold+": queue)")
 	case !haveHolder:
-		p.mode = HoldOff
+		p.mode = holdmode.Off
 		notes = append(notes, "no connection holder in this inplaced")
 	}
 	p.why = strings.Join(notes, "; ")
@@ -149,11 +144,10 @@ func planHold(defMode string, defMax time.Duration, haveHolder bool, sb *runtime
 // was the pod's choice, and what it ignored.
 func (p *holdPlan) annotations(a map[string]string) (explicit bool, notes []string) {
 	if v, ok := a[AnnotationConnectionHold]; ok {
-		switch m := strings.TrimSpace(strings.ToLower(v)); m {
-		case HoldQueue, HoldDrop, HoldOff:
+		if m, err := holdmode.Parse(v); err == nil {
 			p.mode, explicit = m, true
-		default:
-			notes = append(notes, fmt.Sprintf("annotation %s=%q ignored: use queue, drop or off", AnnotationConnectionHold, v))
+		} else {
+			notes = append(notes, fmt.Sprintf("annotation %s=%q ignored: use %s", AnnotationConnectionHold, v, holdmode.Choices()))
 		}
 	}
 	if v, ok := a[AnnotationHoldMax]; ok {
@@ -196,23 +190,6 @@ func declaredPorts(cfg *runtimeapi.ContainerConfig) []uint16 {
 	return out
 }
 
-// procInfo reads the container's pid from the backend's verbose status
-// (containerd: "pid") and names the sandbox's network namespace: the one
-// its runtime spec names, else its process's.
-func procInfo(st *runtimeapi.ContainerStatusResponse, sb sandboxIdentity) (pid int, netns string) {
-	var c struct {
-		Pid int `json:"pid"`
-	}
-	_ = json.Unmarshal([]byte(st.GetInfo()["info"]), &c)
-	switch {
-	case sb.netns != "":
-		return c.Pid, sb.netns
-	case sb.pid > 0:
-		return c.Pid, fmt.Sprintf("/proc/%d/ns/net", sb.pid)
-	}
-	return c.Pid, ""
-}
-
 // connectionHold decides what the swap does about new connections: the
 // engine's defaults and the pod's annotations (planHold), and no hold where
 // the sandbox runs a network stack of its own. A kubelet-driven swap never
@@ -220,8 +197,8 @@ func procInfo(st *runtimeapi.ContainerStatusResponse, sb sandboxIdentity) (pid i
 // record and the pod's events say so instead.
 func (r *run) connectionHold() holdPlan {
 	plan := planHold(r.e.holdMode, r.e.holdMax, r.e.holder != nil, r.oldReq.SandboxConfig)
-	if why := ownNetworkStack(r.t.identity); why != "" && plan.mode != HoldOff {
-		plan.mode, plan.why = HoldOff, why
+	if why := r.e.ownNetworkStack(r.t.identity); why != "" && plan.mode != holdmode.Off {
+		plan.mode, plan.why = holdmode.Off, why
 	}
 	if r.rec.Kind == KindKubelet || r.e.listenersOptional {
 		plan.requireListeners = false
@@ -231,7 +208,7 @@ func (r *run) connectionHold() holdPlan {
 
 // recordNoHold records why the swap installs no hold.
 func (r *run) recordNoHold() error {
-	r.rec.Hold = &inplacedv1.HoldRecord{Mode: HoldOff, Why: r.hold.why}
+	r.rec.Hold = &inplacedv1.HoldRecord{Mode: string(holdmode.Off), Why: r.hold.why}
 	return nil
 }
 
@@ -242,7 +219,7 @@ func (r *run) recordNoHold() error {
 // sockets listen on it (watchHold). Nothing it does can fail the swap:
 // without a hold the swap runs as it would otherwise.
 func (r *run) holdConnections() error {
-	rec := &inplacedv1.HoldRecord{Mode: HoldOff, Why: r.hold.why}
+	rec := &inplacedv1.HoldRecord{Mode: string(holdmode.Off), Why: r.hold.why}
 	r.rec.Hold = rec
 	h, listened, err := r.installHold(rec)
 	if h == nil {
@@ -284,7 +261,7 @@ func (r *run) watchHold(ctx context.Context, h ActiveHold) {
 		reason = HoldReleasedLimit
 	}
 	res := h.End(reason)
-	r.emit(StepHold, fmt.Sprintf("released %s after %s (%s): %d connection attempts parked", portList(res.Ports),
+	r.emit(StepConnectionHold, fmt.Sprintf("released %s after %s (%s): %d connection attempts parked", portList(res.Ports),
 		res.Duration.Round(time.Millisecond), res.Reason, res.Parked()))
 	r.holdDone <- res
 }
@@ -371,7 +348,7 @@ func (r *run) installHold(rec *inplacedv1.HoldRecord) (ActiveHold, []uint16, err
 	for _, p := range ports {
 		rec.Ports = append(rec.Ports, uint32(p))
 	}
-	r.j.Hold = &store.JournalHold{NetNS: r.t.netns, Ports: ports, Mode: r.hold.mode}
+	r.j.Hold = &store.JournalHold{NetNS: r.t.netns, Ports: ports, Mode: string(r.hold.mode)}
 	if err := r.journal(r.j.Step); err != nil {
 		rec.Why = err.Error()
 		return nil, nil, err
@@ -382,7 +359,7 @@ func (r *run) installHold(rec *inplacedv1.HoldRecord) (ActiveHold, []uint16, err
 		return nil, nil, err
 	}
 	rec.StartedUnixNano = h.Start().UnixNano()
-	rec.Mode, rec.Why = h.Mode(), strings.Trim(r.hold.why+"; "+h.Why(), "; ")
+	rec.Mode, rec.Why = string(h.Mode()), strings.Trim(r.hold.why+"; "+h.Why(), "; ")
 	rec.QuiesceNs = int64(h.Quiesce(r.ctx, quiesceMax))
 	return h, found.Listened, nil
 }

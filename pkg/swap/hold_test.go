@@ -11,6 +11,8 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/criinfo"
+	"github.com/inplaced/inplaced/pkg/holdmode"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
@@ -18,32 +20,33 @@ func TestPlanHold(t *testing.T) {
 	hostNet := &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{
 		NamespaceOptions: &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_NODE}}}
 	for _, tc := range []struct {
-		name      string
-		def       string
-		holder    bool
-		ann       map[string]string
-		linux     *runtimeapi.LinuxPodSandboxConfig
-		mode, why string
-		max       time.Duration
-		optional  bool
+		name     string
+		def      holdmode.Mode
+		holder   bool
+		ann      map[string]string
+		linux    *runtimeapi.LinuxPodSandboxConfig
+		mode     holdmode.Mode
+		why      string
+		max      time.Duration
+		optional bool
 	}{
-		{name: "default", def: HoldQueue, holder: true, mode: HoldQueue, max: 10 * time.Second},
-		{name: "flag off", def: HoldOff, holder: true, mode: HoldOff, why: "--connection-hold=off", max: 10 * time.Second},
-		{name: "annotation drop, limit", def: HoldQueue, holder: true,
-			ann: map[string]string{AnnotationConnectionHold: "drop", AnnotationHoldMax: "3s"}, mode: HoldDrop, max: 3 * time.Second},
-		{name: "annotation off", def: HoldQueue, holder: true, ann: map[string]string{AnnotationConnectionHold: "off"},
-			mode: HoldOff, why: "off by the pod's annotation", max: 10 * time.Second},
-		{name: "bad annotations", def: HoldQueue, holder: true,
-			ann: map[string]string{AnnotationConnectionHold: "park", AnnotationHoldMax: "10"}, mode: HoldQueue,
+		{name: "default", def: holdmode.Queue, holder: true, mode: holdmode.Queue, max: 10 * time.Second},
+		{name: "flag off", def: holdmode.Off, holder: true, mode: holdmode.Off, why: "--connection-hold=off", max: 10 * time.Second},
+		{name: "annotation drop, limit", def: holdmode.Queue, holder: true,
+			ann: map[string]string{AnnotationConnectionHold: "drop", AnnotationHoldMax: "3s"}, mode: holdmode.Drop, max: 3 * time.Second},
+		{name: "annotation off", def: holdmode.Queue, holder: true, ann: map[string]string{AnnotationConnectionHold: "off"},
+			mode: holdmode.Off, why: "off by the pod's annotation", max: 10 * time.Second},
+		{name: "bad annotations", def: holdmode.Queue, holder: true,
+			ann: map[string]string{AnnotationConnectionHold: "park", AnnotationHoldMax: "10"}, mode: holdmode.Queue,
 			why: `inplaced.io/connection-hold="park" ignored: use queue, drop or off; annotation inplaced.io/hold-max="10" ignored`, max: 10 * time.Second},
-		{name: "hostNetwork", def: HoldQueue, holder: true, linux: hostNet, mode: HoldOff, why: "hostNetwork pod", max: 10 * time.Second},
-		{name: "hostNetwork opted in", def: HoldQueue, holder: true, linux: hostNet,
-			ann: map[string]string{AnnotationConnectionHold: "queue"}, mode: HoldQueue, max: 10 * time.Second},
-		{name: "no holder", def: HoldQueue, mode: HoldOff, why: "no connection holder", max: 10 * time.Second},
-		{name: "listeners optional", def: HoldQueue, holder: true, ann: map[string]string{AnnotationRequireListeners: "false"},
-			mode: HoldQueue, max: 10 * time.Second, optional: true},
-		{name: "bad require-listeners", def: HoldQueue, holder: true, ann: map[string]string{AnnotationRequireListeners: "no"},
-			mode: HoldQueue, max: 10 * time.Second, why: `inplaced.io/require-listeners="no" ignored`},
+		{name: "hostNetwork", def: holdmode.Queue, holder: true, linux: hostNet, mode: holdmode.Off, why: "hostNetwork pod", max: 10 * time.Second},
+		{name: "hostNetwork opted in", def: holdmode.Queue, holder: true, linux: hostNet,
+			ann: map[string]string{AnnotationConnectionHold: "queue"}, mode: holdmode.Queue, max: 10 * time.Second},
+		{name: "no holder", def: holdmode.Queue, mode: holdmode.Off, why: "no connection holder", max: 10 * time.Second},
+		{name: "listeners optional", def: holdmode.Queue, holder: true, ann: map[string]string{AnnotationRequireListeners: "false"},
+			mode: holdmode.Queue, max: 10 * time.Second, optional: true},
+		{name: "bad require-listeners", def: holdmode.Queue, holder: true, ann: map[string]string{AnnotationRequireListeners: "no"},
+			mode: holdmode.Queue, max: 10 * time.Second, why: `inplaced.io/require-listeners="no" ignored`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := planHold(tc.def, 10*time.Second, tc.holder, &runtimeapi.PodSandboxConfig{Annotations: tc.ann, Linux: tc.linux})
@@ -61,15 +64,20 @@ func TestDeclaredPorts(t *testing.T) {
 	}
 }
 
-func TestProcInfo(t *testing.T) {
-	st := &runtimeapi.ContainerStatusResponse{Info: map[string]string{"info": `{"pid":4242}`}}
-	ps := &runtimeapi.PodSandboxStatusResponse{Info: map[string]string{"info": `{"pid":17,"runtimeSpec":{"linux":{"namespaces":[{"type":"pid"},{"type":"network","path":"/var/run/netns/cni-1"}]}}}`}}
-	if pid, ns := procInfo(st, identityOf(ps)); pid != 4242 || ns != "/var/run/netns/cni-1" {
-		t.Errorf("procInfo = %d, %s", pid, ns)
-	}
-	ps.Info["info"] = `{"pid":17}`
-	if _, ns := procInfo(st, identityOf(ps)); ns != "/proc/17/ns/net" {
-		t.Errorf("procInfo without a netns path = %s", ns)
+// The hold goes into the network namespace the sandbox's spec names, else
+// its process's.
+func TestNetnsPath(t *testing.T) {
+	for _, tc := range []struct {
+		info, want string
+	}{
+		{`{"pid":17,"runtimeSpec":{"linux":{"namespaces":[{"type":"pid"},{"type":"network","path":"/var/run/netns/cni-1"}]}}}`, "/var/run/netns/cni-1"},
+		{`{"pid":17}`, "/proc/17/ns/net"},
+		{`{}`, ""},
+	} {
+		id := identityOf(&runtimeapi.PodSandboxStatus{}, criinfo.SandboxOf(map[string]string{"info": tc.info}))
+		if got := id.netnsPath(); got != tc.want {
+			t.Errorf("%s: netnsPath = %q, want %q", tc.info, got, tc.want)
+		}
 	}
 }
 
@@ -81,7 +89,7 @@ type fakeHolder struct {
 	mu            sync.Mutex
 	heldAtCall    int  // how many backend calls had been made at Hold
 	journaled     bool // the journal had the hold when Hold was called
-	heldMode      string
+	heldMode      holdmode.Mode
 	releaseResult HoldResult
 	// missing is what each Listen returns in turn (nil past the end).
 	missing [][]uint16
@@ -92,7 +100,7 @@ func (f *fakeHolder) Ports(string, int, []uint16) (HoldPorts, error) {
 	return HoldPorts{Hold: []uint16{8080}, Listened: []uint16{8080}}, nil
 }
 func (f *fakeHolder) Remove(string) ([]string, error) { return nil, nil }
-func (f *fakeHolder) Hold(_ context.Context, _ string, ports []uint16, mode string) (ActiveHold, error) {
+func (f *fakeHolder) Hold(_ context.Context, _ string, ports []uint16, mode holdmode.Mode) (ActiveHold, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.heldAtCall = len(f.e.be.Calls())
@@ -107,7 +115,7 @@ func (f *fakeHolder) Hold(_ context.Context, _ string, ports []uint16, mode stri
 }
 
 type fakeActive struct {
-	mode string
+	mode holdmode.Mode
 	res  HoldResult
 
 	mu        sync.Mutex
@@ -116,7 +124,7 @@ type fakeActive struct {
 	endReason string
 }
 
-func (a *fakeActive) Mode() string                                         { return a.mode }
+func (a *fakeActive) Mode() holdmode.Mode                                  { return a.mode }
 func (a *fakeActive) Why() string                                          { return "" }
 func (a *fakeActive) Start() time.Time                                     { return time.Now() }
 func (a *fakeActive) Quiesce(context.Context, time.Duration) time.Duration { return time.Millisecond }
@@ -169,7 +177,7 @@ func TestSwapHoldsConnections(t *testing.T) {
 		t.Errorf("held at call %d, old container stopped at call %d of %v", f.heldAtCall, stopAt, calls)
 	}
 	h := rec.Hold
-	if h == nil || h.Mode != HoldQueue || fmt.Sprint(h.Ports) != "[8080]" || h.Parked != 31 || h.Reason != "listening" || h.DurationNs != int64(160*time.Millisecond) {
+	if h == nil || h.Mode != string(holdmode.Queue) || fmt.Sprint(h.Ports) != "[8080]" || h.Parked != 31 || h.Reason != "listening" || h.DurationNs != int64(160*time.Millisecond) {
 		t.Errorf("hold record %v", h)
 	}
 	if len(h.PortResults) != 1 || h.PortResults[0].Batches != 7 || h.PortResults[0].Backlog != 5 || !h.PortResults[0].Listened || len(h.NeverListened) != 0 {
@@ -178,8 +186,8 @@ func TestSwapHoldsConnections(t *testing.T) {
 	if got := h.Summary(); !strings.Contains(got, "8080: 31 parked, 7 batches of at most 5 (backlog 5), released: listening") {
 		t.Errorf("summary %q", got)
 	}
-	if !strings.Contains(stepNames(rec), StepHold) {
-		t.Errorf("steps %s: no %s", stepNames(rec), StepHold)
+	if !strings.Contains(stepNames(rec), StepConnectionHold) {
+		t.Errorf("steps %s: no %s", stepNames(rec), StepConnectionHold)
 	}
 }
 
@@ -191,7 +199,7 @@ func TestSwapHoldFailureDoesNotFailTheSwap(t *testing.T) {
 	if rec.State != inplacedv1.SwapState_SWAP_STATE_COMMITTED {
 		t.Fatalf("state %s: %s", rec.State, rec.Error)
 	}
-	if rec.Hold.GetMode() != HoldOff || !strings.Contains(rec.Hold.GetWhy(), "no netfilter") {
+	if rec.Hold.GetMode() != string(holdmode.Off) || !strings.Contains(rec.Hold.GetWhy(), "no netfilter") {
 		t.Errorf("hold record %v", rec.Hold)
 	}
 }
@@ -204,7 +212,7 @@ func TestSwapHoldOffByAnnotation(t *testing.T) {
 	req.SandboxConfig.Annotations = map[string]string{AnnotationConnectionHold: "off"}
 	e.create(t, req, true)
 	rec := e.swap(t, &inplacedv1.Change{Image: strp("registry.local/app:v2")}, nil)
-	if f.heldMode != "" || rec.Hold.GetMode() != HoldOff || !strings.Contains(rec.Hold.GetWhy(), "annotation") {
+	if f.heldMode != "" || rec.Hold.GetMode() != string(holdmode.Off) || !strings.Contains(rec.Hold.GetWhy(), "annotation") {
 		t.Errorf("held %q, record %v", f.heldMode, rec.Hold)
 	}
 }

@@ -47,8 +47,8 @@ type KubeletChange struct {
 	ExplainPull func(error) error
 }
 
-// KubeletResult is how a kubelet-driven swap ended, for kubelet's held
-// StopContainer and the calls that follow it.
+// KubeletResult is how a kubelet-driven swap ended, for kubelet's
+// StopContainer (which waits for it) and the calls that follow it.
 type KubeletResult struct {
 	SwapID string
 	// Stopped: the old container was stopped (kubelet's StopContainer is
@@ -296,7 +296,7 @@ func (e *Engine) SetHandoff(swapID, handoff string, adopted bool) error {
 	return e.store.PutSwap(rec)
 }
 
-// RecordEvent writes a record into the swap history (a held stop let
+// RecordEvent writes a record into the swap history (kubelet's stop let
 // through, a refused change) that is not a swap run.
 func (e *Engine) RecordEvent(rec *inplacedv1.SwapRecord) error {
 	if rec.Id == "" {

@@ -5,6 +5,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/criinfo"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
@@ -18,7 +19,7 @@ const specAt200m = `{"pid":42,"runtimeSpec":{"linux":{"resources":{"cpu":{"share
 func TestRunningLimits(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		st   *runtimeapi.ContainerStatusResponse
+		st   *runtimeapi.ContainerStatusResponse // its Info and Status
 		want *runtimeapi.LinuxContainerResources
 	}{
 		{"OCI spec", &runtimeapi.ContainerStatusResponse{Info: map[string]string{"info": specAt200m}},
@@ -29,7 +30,7 @@ func TestRunningLimits(t *testing.T) {
 		{"neither", &runtimeapi.ContainerStatusResponse{Info: map[string]string{"info": `{"pid":42}`}}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := runningLimits(tc.st)
+			got := runningLimits(criinfo.ContainerOf(tc.st.GetInfo()), tc.st.GetStatus())
 			if (got == nil) != (tc.want == nil) || got.String() != tc.want.String() {
 				t.Errorf("runningLimits = %v, want %v", got, tc.want)
 			}

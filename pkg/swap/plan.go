@@ -36,26 +36,26 @@ const (
 type action string
 
 const (
-	actPull          action = "pull the new image with the request's credentials"
-	actPullKubelet   action = "pull the new image with the credentials kubelet would use, then tell kubelet's held stop"
-	actProceed       action = "wait for kubelet's StopContainer, take the fence"
-	actConfig        action = "build the new config: recorded config + change"
-	actConfigSpec    action = "build the new config: recorded config + change, kubelet's hash for the new spec"
-	actKubeletConfig action = "build the new config: kubelet's declared config + image, kubelet's hash"
-	actCreateNew     action = "create the new container, hidden from kubelet"
-	actDrain         action = "run the caller's BeforeStop hook"
-	actPreStop       action = "run the preStop handler"
-	actHold          action = "hold new connections to the container's ports until the new process listens"
-	actNoHold        action = "record why no connection hold is installed"
-	actStopOld       action = "mask the old container, stop it"
-	actStopOldKube   action = "mask the old container, stop it with kubelet's timeout"
-	actStartNew      action = "start the new container"
-	actPostStart     action = "run the postStart handler"
-	actHealthGate    action = "wait for the new container to prove healthy"
-	actCommit        action = "write the sticky override"
-	actCommitRevert  action = "drop the sticky override"
-	actCommitKubelet action = "drop an override the spec change ended"
-	actRollback      action = "remove the new container, create and start the old config again"
+	actPull            action = "pull the new image with the request's credentials"
+	actPullKubelet     action = "pull the new image with the credentials kubelet would use, then tell kubelet's waiting stop"
+	actProceed         action = "wait for kubelet's StopContainer, take the fence"
+	actConfig          action = "build the new config: recorded config + change"
+	actConfigSpec      action = "build the new config: recorded config + change, kubelet's hash for the new spec"
+	actKubeletConfig   action = "build the new config: kubelet's declared config + image, kubelet's hash"
+	actCreateNew       action = "create the new container, hidden from kubelet"
+	actDrain           action = "run the caller's BeforeStop hook"
+	actPreStop         action = "run the preStop handler"
+	actHoldConnections action = "hold new connections to the container's ports until the new process listens"
+	actRecordNoHold    action = "record why no connection hold is installed"
+	actStopOld         action = "mask the old container, stop it"
+	actStopOldKube     action = "mask the old container, stop it with kubelet's timeout"
+	actStartNew        action = "start the new container"
+	actPostStart       action = "run the postStart handler"
+	actHealthGate      action = "wait for the new container to prove healthy"
+	actCommit          action = "write the sticky override"
+	actCommitRevert    action = "drop the sticky override"
+	actCommitKubelet   action = "drop an override the spec change ended"
+	actRollback        action = "remove the new container, create and start the old config again"
 )
 
 // undo names what brings the pod back to "the old container runs" from the
@@ -149,15 +149,15 @@ func planFor(s planSpec) []step {
 	}
 	// The hold goes on just before the stop: new connections wait from
 	// there until the new process listens.
-	hold := step{do: actNoHold, undo: undoRemoveNew, aborted: "aborted before the old container was stopped"}
+	connHold := step{do: actRecordNoHold, undo: undoRemoveNew, aborted: "aborted before the old container was stopped"}
 	if s.hold {
-		hold.name, hold.do, hold.optional = StepHold, actHold, true
+		connHold.name, connHold.do, connHold.optional = StepConnectionHold, actHoldConnections, true
 	}
 	stop := actStopOld
 	if kube {
 		stop = actStopOldKube
 	}
-	plan = append(plan, hold,
+	plan = append(plan, connHold,
 		step{name: StepStopOld, journal: store.StepStopOld, do: stop, undo: afterStop, failure: "stop old container"},
 		step{name: StepStartNew, journal: store.StepStartNew, do: actStartNew, undo: afterStop,
 			failure: "start new container", aborted: "aborted after the old container was stopped"})

@@ -38,8 +38,8 @@ func TestPlanFor(t *testing.T) {
 	pull := planned{name: StepPull, journal: store.StepPrepared, do: actPull}
 	create := planned{name: StepCreateNew, journal: store.StepCreateNew, do: actCreateNew, undo: undoRemoveNew}
 	preStop := planned{name: StepPreStop, journal: store.StepPreStop, do: actPreStop, undo: undoRemoveNew, optional: true}
-	noHold := planned{do: actNoHold, undo: undoRemoveNew, aborted: beforeStop}
-	hold := planned{name: StepHold, do: actHold, undo: undoRemoveNew, optional: true, aborted: beforeStop}
+	noHold := planned{do: actRecordNoHold, undo: undoRemoveNew, aborted: beforeStop}
+	hold := planned{name: StepConnectionHold, do: actHoldConnections, undo: undoRemoveNew, optional: true, aborted: beforeStop}
 	stop := planned{name: StepStopOld, journal: store.StepStopOld, do: actStopOld, undo: undoRollback}
 	start := planned{name: StepStartNew, journal: store.StepStartNew, do: actStartNew, undo: undoRollback, aborted: afterStop}
 	gate := planned{name: StepHealthGate, journal: store.StepHealthGate, do: actHealthGate, undo: undoRollback}

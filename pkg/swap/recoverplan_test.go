@@ -251,7 +251,7 @@ func checkPodGone(t *testing.T, j *journaled, runtime []*runtimeapi.Container) {
 	}
 }
 
-// checkRecoveryPlan holds every plan to what recovery promises, whatever
+// checkRecoveryPlan checks every plan against what recovery promises, whatever
 // the table says: each step can be carried out by the swap executor and
 // none is shown or journaled; only bookkeeping is optional; the rollback
 // step says how the swap ends when it fails and creates the old config

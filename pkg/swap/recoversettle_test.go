@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/holdmode"
 	"github.com/inplaced/inplaced/pkg/store"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
@@ -24,7 +25,7 @@ func (h *leftHold) Ports(string, int, []uint16) (HoldPorts, error) {
 	return HoldPorts{}, errors.New("recovery finds no ports")
 }
 
-func (h *leftHold) Hold(context.Context, string, []uint16, string) (ActiveHold, error) {
+func (h *leftHold) Hold(context.Context, string, []uint16, holdmode.Mode) (ActiveHold, error) {
 	return nil, errors.New("recovery installs no hold")
 }
 
@@ -71,7 +72,7 @@ func TestRecoverRemovesTheHold(t *testing.T) {
 	h := &leftHold{}
 	e.eng.holder = h
 	id, newID := crashedSwap(t, e, store.StepPreStop, false,
-		&store.JournalHold{NetNS: "/var/run/netns/cni-1", Ports: []uint16{8080}, Mode: HoldQueue})
+		&store.JournalHold{NetNS: "/var/run/netns/cni-1", Ports: []uint16{8080}, Mode: string(holdmode.Queue)})
 	if err := e.eng.Recover(context.Background()); err != nil {
 		t.Fatalf("Recover: %v", err)
 	}
@@ -96,7 +97,7 @@ func TestRecoverRuntimeDownKeepsTheEntry(t *testing.T) {
 	e := newEnv(t)
 	h := &leftHold{}
 	e.eng.holder = h
-	crashedSwap(t, e, store.StepStopOld, true, &store.JournalHold{NetNS: "/var/run/netns/cni-1", Ports: []uint16{8080}, Mode: HoldQueue})
+	crashedSwap(t, e, store.StepStopOld, true, &store.JournalHold{NetNS: "/var/run/netns/cni-1", Ports: []uint16{8080}, Mode: string(holdmode.Queue)})
 	e.be.Runtime.InjectError("ListContainers", status.Error(codes.Unavailable, "containerd is restarting"))
 	err := e.eng.Recover(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "list containers") || !strings.Contains(err.Error(), "containerd is restarting") {

@@ -109,7 +109,7 @@ func matches(r *inplacedv1.SwapRecord, t *inplacedv1.Target) bool {
 }
 
 // running returns the records of swaps still under way that the history
-// does not hold yet (a kubelet-driven swap's pull, say), oldest first.
+// does not have yet (a kubelet-driven swap's pull, say), oldest first.
 func (e *Engine) running(history []*inplacedv1.SwapRecord) []*inplacedv1.SwapRecord {
 	have := make(map[string]bool, len(history))
 	for _, r := range history {

@@ -2,12 +2,12 @@ package swap
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/criinfo"
 	"github.com/inplaced/inplaced/pkg/runtimeclass"
 )
 
@@ -23,33 +23,24 @@ type sandboxIdentity struct {
 	pid         int
 }
 
-// sandboxVerbose is the part of containerd's verbose PodSandboxStatus info
-// the identity uses; other runtimes leave it empty.
-type sandboxVerbose struct {
-	Pid         int    `json:"pid"`
-	RuntimeType string `json:"runtimeType"`
-	RuntimeSpec struct {
-		Linux struct {
-			Namespaces []struct {
-				Type string `json:"type"`
-				Path string `json:"path"`
-			} `json:"namespaces"`
-		} `json:"linux"`
-	} `json:"runtimeSpec"`
+// identityOf is the identity of a sandbox from its status and containerd's
+// verbose info about it (other runtimes give none: IP and handler only).
+func identityOf(st *runtimeapi.PodSandboxStatus, info criinfo.Sandbox) sandboxIdentity {
+	return sandboxIdentity{handler: st.GetRuntimeHandler(), ip: st.GetNetwork().GetIp(),
+		runtimeType: info.RuntimeType(), netns: info.NetNS(), pid: info.Pid()}
 }
 
-func identityOf(ps *runtimeapi.PodSandboxStatusResponse) sandboxIdentity {
-	id := sandboxIdentity{handler: ps.GetStatus().GetRuntimeHandler(), ip: ps.GetStatus().GetNetwork().GetIp()}
-	var v sandboxVerbose
-	if raw, ok := ps.GetInfo()["info"]; ok && json.Unmarshal([]byte(raw), &v) == nil {
-		id.pid, id.runtimeType = v.Pid, v.RuntimeType
-		for _, ns := range v.RuntimeSpec.Linux.Namespaces {
-			if ns.Type == "network" {
-				id.netns = ns.Path
-			}
-		}
+// netnsPath names the sandbox's network namespace, where the connection
+// hold goes: the one its runtime spec names, else its process's; "" when
+// neither is known.
+func (id sandboxIdentity) netnsPath() string {
+	switch {
+	case id.netns != "":
+		return id.netns
+	case id.pid > 0:
+		return fmt.Sprintf("/proc/%d/ns/net", id.pid)
 	}
-	return id
+	return ""
 }
 
 // sandboxKept reads the sandbox again: kept means still READY with the same
@@ -61,24 +52,20 @@ func (e *Engine) sandboxKept(sandboxID string, before sandboxIdentity) bool {
 	if err != nil || ps.GetStatus().GetState() != runtimeapi.PodSandboxState_SANDBOX_READY {
 		return false
 	}
-	return identityOf(ps) == before
+	return identityOf(ps.GetStatus(), criinfo.SandboxOf(ps.GetInfo())) == before
 }
-
-// builtinClasses is the runtime class table without the config file's
-// entries: a handler's class decides here only whether the sandbox has a
-// network stack of its own, which no resize setting changes.
-var builtinClasses, _ = runtimeclass.New(nil)
 
 // ownNetworkStack says why a connection hold cannot work in this sandbox,
 // or "" when it can. gVisor's sentry runs its own TCP/IP stack and a Kata
 // VM its own kernel: their listening sockets are not sockets of the pod's
 // network namespace, so a hold there could never see the new process
 // listen and would only run to its limit.
-func ownNetworkStack(id sandboxIdentity) string {
-	c := builtinClasses.Lookup(id.handler, id.runtimeType)
-	switch c.Enforcement {
-	case runtimeclass.SandboxCgroup, runtimeclass.VM:
-		return fmt.Sprintf("off: runtime handler %q (%s) runs its own network stack inside the sandbox, whose listeners a hold in the pod's network namespace cannot see", id.handler, c.Enforcement)
+func (e *Engine) ownNetworkStack(id sandboxIdentity) string {
+	c := e.classes.Lookup(id.handler, id.runtimeType)
+	if !c.OwnNetworkStack() {
+		return ""
 	}
-	return ""
+	return fmt.Sprintf("off: runtime handler %q runs its own network stack inside the sandbox, whose listeners a hold in the pod's network namespace cannot see "+
+		"(runtime class: %s; a handler whose sockets live on the host kernel is declared in runtimeClasses with networkStack: %s)",
+		id.handler, c.Source, runtimeclass.HostKernel)
 }

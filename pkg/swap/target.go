@@ -2,7 +2,6 @@ package swap
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"google.golang.org/protobuf/proto"
@@ -11,6 +10,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/criinfo"
 	"github.com/inplaced/inplaced/pkg/store"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
@@ -23,7 +23,7 @@ type target struct {
 	sandbox   *runtimeapi.PodSandboxStatus
 	identity  sandboxIdentity                    // what the swap must leave as it is
 	request   *runtimeapi.CreateContainerRequest // recorded or adopted, with limits
-	// limits are the CPU and memory limits the runtime holds for the
+	// limits are the CPU and memory limits the runtime has for the
 	// container (runningLimits); nil when it does not say.
 	limits *runtimeapi.LinuxContainerResources
 	name   string
@@ -104,25 +104,26 @@ func (e *Engine) resolve(ctx context.Context, t *inplacedv1.Target) (*target, er
 	if ps.Status.State != runtimeapi.PodSandboxState_SANDBOX_READY {
 		return nil, refusedf("pod sandbox %s is not ready: nothing to swap into", short(c.PodSandboxId))
 	}
-	req, err := e.recorded(ctx, c.Id, st, ps)
+	info, sbInfo := criinfo.ContainerOf(st.GetInfo()), criinfo.SandboxOf(ps.GetInfo())
+	req, err := e.recorded(ctx, c.Id, ps.GetStatus().GetId(), info, sbInfo)
 	if err != nil {
 		return nil, err
 	}
-	limits := runningLimits(st)
+	limits := runningLimits(info, st.GetStatus())
 	req = WithLimits(req, limits)
 	name := c.Labels[LabelContainerName]
 	if name == "" {
 		name = c.GetMetadata().GetName()
 	}
-	id := identityOf(ps)
-	pid, netns := procInfo(st, id)
-	return &target{container: c, status: st.Status, sandbox: ps.Status, identity: id, request: req, limits: limits, name: name, pid: pid, netns: netns}, nil
+	id := identityOf(ps.GetStatus(), sbInfo)
+	return &target{container: c, status: st.Status, sandbox: ps.Status, identity: id, request: req, limits: limits, name: name,
+		pid: info.Pid(), netns: id.netnsPath()}, nil
 }
 
 // recorded returns the CreateContainerRequest a container was made from: from
 // the store when it passed through inplaced, else adopted from the backend's
 // verbose status (containerd keeps the original CRI configs there).
-func (e *Engine) recorded(ctx context.Context, id string, st *runtimeapi.ContainerStatusResponse, ps *runtimeapi.PodSandboxStatusResponse) (*runtimeapi.CreateContainerRequest, error) {
+func (e *Engine) recorded(ctx context.Context, id, sandboxID string, info criinfo.Container, sbInfo criinfo.Sandbox) (*runtimeapi.CreateContainerRequest, error) {
 	req, err := e.store.Container(id)
 	if err == nil {
 		if req.SandboxConfig == nil {
@@ -136,51 +137,24 @@ func (e *Engine) recorded(ctx context.Context, id string, st *runtimeapi.Contain
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("read recorded config of %s: %w", short(id), err)
 	}
-	cfg := &runtimeapi.ContainerConfig{}
-	if err := decodeInfoConfig(st.GetInfo(), cfg); err != nil {
+	cfg, err := info.Config()
+	if err != nil {
 		return nil, refusedf(
 			"container %s was created before inplaced ran and the backend does not expose its CRI config (%v): it cannot be swapped; recreate the pod once with inplaced in place", short(id), err)
 	}
-	sbCfg := &runtimeapi.PodSandboxConfig{}
-	if sb, err := e.store.Sandbox(ps.GetStatus().GetId()); err == nil {
+	var sbCfg *runtimeapi.PodSandboxConfig
+	if sb, err := e.store.Sandbox(sandboxID); err == nil {
 		sbCfg = sb.Config
-	} else if err := decodeInfoConfig(ps.GetInfo(), sbCfg); err != nil {
+	} else if sbCfg, err = sbInfo.Config(); err != nil {
 		return nil, refusedf(
 			"sandbox of %s: the backend does not expose its CRI config (%v): it cannot be swapped", short(id), err)
 	}
-	req = &runtimeapi.CreateContainerRequest{PodSandboxId: ps.GetStatus().GetId(), Config: cfg, SandboxConfig: sbCfg}
+	req = &runtimeapi.CreateContainerRequest{PodSandboxId: sandboxID, Config: cfg, SandboxConfig: sbCfg}
 	// Adopted: record it so the next swap does not depend on the backend.
 	if err := e.store.PutContainer(id, req); err != nil {
 		return nil, fmt.Errorf("record adopted config of %s: %w", short(id), err)
 	}
 	return req, nil
-}
-
-// decodeInfoConfig reads the "config" member of containerd's verbose "info"
-// JSON into msg. containerd marshals the CRI Go structs with encoding/json,
-// so the same structs read it back. KeyValue.value became []byte in cri-api
-// v0.34, but cri-api's own MarshalJSON/UnmarshalJSON for KeyValue keep the
-// pre-1.34 plain-string form (kubernetes/kubernetes#139964), so containerd
-// 1.x and 2.x write env values the same way and they decode as they are:
-// no base64 rewriting, whatever the runtime version.
-func decodeInfoConfig(info map[string]string, msg any) error {
-	raw, ok := info["info"]
-	if !ok {
-		return errors.New("no verbose info")
-	}
-	var top struct {
-		Config json.RawMessage `json:"config"`
-	}
-	if err := json.Unmarshal([]byte(raw), &top); err != nil {
-		return fmt.Errorf("decode verbose info: %w", err)
-	}
-	if len(top.Config) == 0 || string(top.Config) == "null" {
-		return errors.New("verbose info has no config")
-	}
-	if err := json.Unmarshal(top.Config, msg); err != nil {
-		return fmt.Errorf("decode config: %w", err)
-	}
-	return nil
 }
 
 func short(id string) string {
@@ -190,7 +164,7 @@ func short(id string) string {
 	return id
 }
 
-// runningLimits are the CPU and memory limits the runtime holds for a
+// runningLimits are the CPU and memory limits the runtime has for a
 // container now: the OCI spec in its verbose status (containerd keeps it
 // and every UpdateContainerResources moves it, on 1.6 as on 2.x), else the
 // CRI status' resources; nil when neither says. A swap's new container and
@@ -198,42 +172,11 @@ func short(id string) string {
 // resized the container since (and lowered its pod cgroup, which cgroup v1
 // enforces against a new container's quota), and its resize need not have
 // reached inplaced's record.
-func runningLimits(st *runtimeapi.ContainerStatusResponse) *runtimeapi.LinuxContainerResources {
-	var info struct {
-		RuntimeSpec struct {
-			Linux struct {
-				Resources *struct {
-					CPU *struct {
-						Shares *uint64 `json:"shares"`
-						Quota  *int64  `json:"quota"`
-						Period *uint64 `json:"period"`
-					} `json:"cpu"`
-					Memory *struct {
-						Limit *int64 `json:"limit"`
-					} `json:"memory"`
-				} `json:"resources"`
-			} `json:"linux"`
-		} `json:"runtimeSpec"`
+func runningLimits(info criinfo.Container, st *runtimeapi.ContainerStatus) *runtimeapi.LinuxContainerResources {
+	if lr := info.Limits(); lr != nil {
+		return lr
 	}
-	if raw := st.GetInfo()["info"]; raw != "" && json.Unmarshal([]byte(raw), &info) == nil && info.RuntimeSpec.Linux.Resources != nil {
-		r, out := info.RuntimeSpec.Linux.Resources, &runtimeapi.LinuxContainerResources{}
-		if c := r.CPU; c != nil {
-			out.CpuShares, out.CpuQuota, out.CpuPeriod = int64(deref(c.Shares)), deref(c.Quota), int64(deref(c.Period))
-		}
-		if m := r.Memory; m != nil {
-			out.MemoryLimitInBytes = deref(m.Limit)
-		}
-		return out
-	}
-	return st.GetStatus().GetResources().GetLinux()
-}
-
-func deref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
+	return st.GetResources().GetLinux()
 }
 
 // WithLimits is req with the CPU and memory limits of lr where lr sets them

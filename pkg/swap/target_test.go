@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/inplaced/inplaced/pkg/criinfo"
 	"github.com/inplaced/inplaced/pkg/internal/fakecri"
 	"github.com/inplaced/inplaced/pkg/store"
 )
@@ -17,7 +18,7 @@ import (
 // containerd 2.x writes the verbose info with encoding/json over the CRI
 // structs. KeyValue.value is []byte since cri-api v0.34, but cri-api's
 // KeyValue.MarshalJSON keeps the old plain-string form, so the values are
-// plain strings here too (TestKeyValueJSONIsPlainString pins that).
+// plain strings here too (package criinfo pins that).
 const containerd2Info = `{
   "sandboxID": "sb1",
   "pid": 4242,
@@ -55,88 +56,6 @@ const containerd16Info = `{
   }
 }`
 
-func TestDecodeInfoConfigContainerd2(t *testing.T) {
-	cfg := &runtimeapi.ContainerConfig{}
-	if err := decodeInfoConfig(map[string]string{"info": containerd2Info}, cfg); err != nil {
-		t.Fatal(err)
-	}
-	// A plain value that happens to be valid base64 stays as written.
-	if got, want := envString(cfg.Envs), "MODE=old,KEEP=kept,EMPTY=,B64LIKE=b2xk"; got != want {
-		t.Errorf("envs = %q, want %q", got, want)
-	}
-	if cfg.Metadata.GetName() != "app" || cfg.Metadata.GetAttempt() != 2 {
-		t.Errorf("metadata = %v", cfg.Metadata)
-	}
-	if cfg.Image.GetImage() != "sha256:0123" || cfg.Image.GetUserSpecifiedImage() != "registry.local/app:v1" || cfg.Image.GetRuntimeHandler() != "runc" {
-		t.Errorf("image = %v", cfg.Image)
-	}
-	if cfg.Annotations[AnnotationHash] != "abc123" || cfg.Labels[LabelContainerName] != "app" {
-		t.Errorf("labels %v annotations %v", cfg.Labels, cfg.Annotations)
-	}
-	if cfg.LogPath != "app/2.log" || len(cfg.Args) != 2 {
-		t.Errorf("log_path %q args %q", cfg.LogPath, cfg.Args)
-	}
-	if r := cfg.GetLinux().GetResources(); r.GetCpuShares() != 102 || r.GetMemoryLimitInBytes() != 64<<20 {
-		t.Errorf("resources = %v", r)
-	}
-}
-
-func TestDecodeInfoConfigContainerd16(t *testing.T) {
-	cfg := &runtimeapi.ContainerConfig{}
-	if err := decodeInfoConfig(map[string]string{"info": containerd16Info}, cfg); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := envString(cfg.Envs), "MODE=old,KEEP=kept,EMPTY=,B64LIKE=b2xk"; got != want {
-		t.Errorf("envs = %q, want %q", got, want)
-	}
-	if cfg.Annotations[AnnotationHash] != "abc123" || cfg.Metadata.GetAttempt() != 2 || cfg.LogPath != "app/2.log" {
-		t.Errorf("config = %v", cfg)
-	}
-}
-
-func TestDecodeInfoConfigRoundTrip(t *testing.T) {
-	// What containerd 2.x does: json.Marshal of the CRI struct it was given.
-	want := fakecri.ContainerConfig(fakecri.PodConfig("ns", "web", "u1"), "app", 3, "sha256:1", "r/app:v1", "h")
-	want.Envs = append(want.Envs, &runtimeapi.KeyValue{Key: "UTF8", Value: []byte("Iñtër 🐹\n")})
-	cfgJSON, err := json.Marshal(want)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, _ := json.Marshal(map[string]any{"pid": 1, "config": json.RawMessage(cfgJSON)})
-	got := &runtimeapi.ContainerConfig{}
-	if err := decodeInfoConfig(map[string]string{"info": string(info)}, got); err != nil {
-		t.Fatal(err)
-	}
-	if !proto.Equal(got, want) {
-		t.Errorf("round trip:\n got %v\nwant %v", got, want)
-	}
-
-	sb := fakecri.PodConfig("ns", "web", "u1")
-	sbJSON, _ := json.Marshal(map[string]any{"config": sb})
-	gotSB := &runtimeapi.PodSandboxConfig{}
-	if err := decodeInfoConfig(map[string]string{"info": string(sbJSON)}, gotSB); err != nil {
-		t.Fatal(err)
-	}
-	if !proto.Equal(gotSB, sb) {
-		t.Errorf("sandbox config:\n got %v\nwant %v", gotSB, sb)
-	}
-}
-
-func TestDecodeInfoConfigErrors(t *testing.T) {
-	for name, info := range map[string]map[string]string{
-		"no info":               nil,
-		"other keys only":       {"pid": "1"},
-		"not json":              {"info": "{"},
-		"no config":             {"info": `{"pid": 1}`},
-		"null config":           {"info": `{"config": null}`},
-		"config of a bad shape": {"info": `{"config": {"envs": "x"}}`},
-	} {
-		if err := decodeInfoConfig(info, &runtimeapi.ContainerConfig{}); err == nil {
-			t.Errorf("%s: want an error", name)
-		}
-	}
-}
-
 // versionOnly answers Version and nothing else.
 type versionOnly struct {
 	runtimeapi.RuntimeServiceClient
@@ -148,20 +67,6 @@ func (v versionOnly) Version(context.Context, *runtimeapi.VersionRequest, ...grp
 	return v.resp, v.err
 }
 
-// TestKeyValueJSONIsPlainString pins what decodeInfoConfig relies on: the
-// cri-api in go.mod encodes env values as plain JSON strings, like every
-// containerd release writes them. A cri-api bump that goes back to base64
-// must fail here.
-func TestKeyValueJSONIsPlainString(t *testing.T) {
-	b, err := json.Marshal(&runtimeapi.KeyValue{Key: "MODE", Value: []byte("old")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(b) != `{"key":"MODE","value":"old"}` {
-		t.Errorf("KeyValue JSON = %s, want the plain-string form", b)
-	}
-}
-
 // TestRecordedAdopts proves a container that did not pass through inplaced
 // is adopted from the backend's verbose info, recorded, and that a sandbox
 // config already in the store is used rather than asked of the backend.
@@ -170,13 +75,13 @@ func TestRecordedAdopts(t *testing.T) {
 	v16 := versionOnly{resp: &runtimeapi.VersionResponse{RuntimeName: "containerd", RuntimeVersion: "v1.6.36"}}
 	pod := fakecri.PodConfig("ns", "web", "u1")
 	sbInfo, _ := json.Marshal(map[string]any{"config": pod})
-	st := &runtimeapi.ContainerStatusResponse{Status: &runtimeapi.ContainerStatus{Id: "c1"}, Info: map[string]string{"info": containerd2Info}}
+	info := criinfo.ContainerOf(map[string]string{"info": containerd2Info})
+	sbFromBackend := criinfo.SandboxOf(map[string]string{"info": string(sbInfo)})
 
 	t.Run("both from the backend", func(t *testing.T) {
 		s := openStore(t)
 		e := &Engine{rt: v2, store: s}
-		ps := &runtimeapi.PodSandboxStatusResponse{Status: &runtimeapi.PodSandboxStatus{Id: "sb1"}, Info: map[string]string{"info": string(sbInfo)}}
-		req, err := e.recorded(context.Background(), "c1", st, ps)
+		req, err := e.recorded(context.Background(), "c1", "sb1", info, sbFromBackend)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -193,9 +98,8 @@ func TestRecordedAdopts(t *testing.T) {
 	})
 	t.Run("containerd 1.6 env values kept as written", func(t *testing.T) {
 		e := &Engine{rt: v16, store: openStore(t)}
-		st16 := &runtimeapi.ContainerStatusResponse{Status: &runtimeapi.ContainerStatus{Id: "c1"}, Info: map[string]string{"info": containerd16Info}}
-		ps := &runtimeapi.PodSandboxStatusResponse{Status: &runtimeapi.PodSandboxStatus{Id: "sb1"}, Info: map[string]string{"info": string(sbInfo)}}
-		req, err := e.recorded(context.Background(), "c1", st16, ps)
+		info16 := criinfo.ContainerOf(map[string]string{"info": containerd16Info})
+		req, err := e.recorded(context.Background(), "c1", "sb1", info16, sbFromBackend)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -210,8 +114,7 @@ func TestRecordedAdopts(t *testing.T) {
 		}
 		e := &Engine{rt: v2, store: s}
 		// The backend does not expose the sandbox config.
-		ps := &runtimeapi.PodSandboxStatusResponse{Status: &runtimeapi.PodSandboxStatus{Id: "sb1"}}
-		req, err := e.recorded(context.Background(), "c1", st, ps)
+		req, err := e.recorded(context.Background(), "c1", "sb1", info, criinfo.SandboxOf(nil))
 		if err != nil {
 			t.Fatalf("recorded: %v (the sandbox config is in the store)", err)
 		}
@@ -227,15 +130,14 @@ func TestRecordedAdopts(t *testing.T) {
 			t.Fatal(err)
 		}
 		e := &Engine{rt: v2, store: s}
-		req, err := e.recorded(context.Background(), "c1", st, &runtimeapi.PodSandboxStatusResponse{})
+		req, err := e.recorded(context.Background(), "c1", "", info, criinfo.SandboxOf(nil))
 		if err != nil || !proto.Equal(req, want) {
 			t.Errorf("recorded = %v, %v; want the stored request", req, err)
 		}
 	})
 	t.Run("no verbose info", func(t *testing.T) {
 		e := &Engine{rt: v2, store: openStore(t)}
-		_, err := e.recorded(context.Background(), "c1", &runtimeapi.ContainerStatusResponse{Status: &runtimeapi.ContainerStatus{Id: "c1"}},
-			&runtimeapi.PodSandboxStatusResponse{Status: &runtimeapi.PodSandboxStatus{Id: "sb1"}})
+		_, err := e.recorded(context.Background(), "c1", "sb1", criinfo.ContainerOf(nil), criinfo.SandboxOf(nil))
 		if !errors.Is(err, ErrRefused) {
 			t.Errorf("err = %v, want a refusal", err)
 		}

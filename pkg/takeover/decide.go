@@ -18,7 +18,7 @@ const (
 	ReasonNotTCP     Reason = "not a TCP socket"
 	ReasonBound      Reason = "the socket is bound already"
 	ReasonOtherNetNS Reason = "another network namespace than the old container's"
-	ReasonNotHeld    Reason = "no listening socket of the old container on the port"
+	ReasonNoListener Reason = "no listening socket of the old container on the port"
 	ReasonUnreadable Reason = "the call could not be read"
 )
 
@@ -83,20 +83,20 @@ func decide(c bindCall, olds []sockInfo) verdict {
 	case !c.sameNetNS:
 		return verdict{action: pass, reason: ReasonOtherNetNS}
 	}
-	var holders []int
+	var occupants []int
 	for i, o := range olds {
 		if occupies(o, c.sock, c.addr) {
-			holders = append(holders, i)
+			occupants = append(occupants, i)
 		}
 	}
-	if len(holders) == 0 {
-		return verdict{action: pass, reason: ReasonNotHeld}
+	if len(occupants) == 0 {
+		return verdict{action: pass, reason: ReasonNoListener}
 	}
 	if c.privileged {
 		return verdict{action: wait, reason: ReasonPrivileged}
 	}
 	match, why := -1, Reason("")
-	for _, i := range holders {
+	for _, i := range occupants {
 		switch r := mismatch(olds[i], c.sock, c.addr); {
 		case r != "":
 			why = cmpOr(why, r)

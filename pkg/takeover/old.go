@@ -20,7 +20,7 @@ type Old struct {
 	// Swap is the new container's profile's swap name (listenerMetadata).
 	Swap string
 	// Pid is the old container's init, a host pid: its processes (found
-	// through its cgroup) hold the sockets, its network namespace is the
+	// through its cgroup) have the sockets open, its network namespace is the
 	// pod's.
 	Pid int
 	// Deadline ends the wait of a bind that cannot be handed over
@@ -96,8 +96,8 @@ func (r *registration) portListened(port uint16) (bool, error) {
 }
 
 // listeners copies the old container's sockets listening on port. A
-// socket on the port none of the processes last listed holds may be held
-// by a process forked since: the list is made again once.
+// socket on the port that none of the processes last listed has open may
+// be open in a process forked since: the list is made again once.
 func (r *registration) listeners(port uint16) (listeners, error) {
 	r.mu.Lock()
 	pids := r.pids

@@ -27,11 +27,11 @@ func (n *notifier) plan(nt notification) plan {
 	p := plan{reg: reg, addr: addr}
 	listened, err := reg.portListened(addr.Port())
 	if err != nil || !listened {
-		p.v, p.err = verdict{action: pass, reason: ReasonNotHeld}, err
+		p.v, p.err = verdict{action: pass, reason: ReasonNoListener}, err
 		return p
 	}
 	if p.olds, err = reg.listeners(addr.Port()); err != nil || len(p.olds) == 0 {
-		p.v, p.err = verdict{action: pass, reason: ReasonNotHeld}, err
+		p.v, p.err = verdict{action: pass, reason: ReasonNoListener}, err
 		return p
 	}
 	c, err := n.caller(nt, &p, family)

@@ -95,7 +95,7 @@ func newRig(t *testing.T) *rig {
 	t.Helper()
 	requireRig(t)
 	r := &rig{t: t, bin: buildBinaries(t)}
-	// A name no other test (or a run killed before its cleanup) holds.
+	// A name no other test (or a run killed before its cleanup) uses.
 	n := rand.IntN(200) + 20
 	for i := 0; i < 50 && exists(fmt.Sprintf("/var/run/netns/inpltk%d", n), fmt.Sprintf("/sys/class/net/ith%d", n)); i++ {
 		n = rand.IntN(200) + 20

@@ -101,12 +101,12 @@ func addrPort(sa unix.Sockaddr) netip.AddrPort {
 // agent by pidfd_getfd.
 type oldListener struct {
 	sockInfo
-	pid, fd int // the process holding it and its fd number there
+	pid, fd int // a process that has it open and its fd number there
 	copy    int // the agent's copy: close it
 }
 
 // listeners is a scan's result; close releases the agent's copies (which
-// hold the sockets open while the agent has them).
+// keep the sockets open while the agent has them).
 type listeners []oldListener
 
 func (ls listeners) close() {
@@ -116,7 +116,7 @@ func (ls listeners) close() {
 }
 
 // scanListeners copies the listening TCP/MPTCP sockets on port in network
-// namespace ns held by the processes pids (each socket once, where several
+// namespace ns open in the processes pids (each socket once, where several
 // processes share it). A process that exits meanwhile is skipped. The
 // namespace is the socket's own: a pid listed earlier may have been
 // reused by a process of another pod by now.

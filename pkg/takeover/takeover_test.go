@@ -191,9 +191,9 @@ func TestRuncPassThrough(t *testing.T) {
 		port   uint16
 		reason Reason
 	}{
-		{command{Op: "bind", Port: 9090}, 9090, ReasonNotHeld},
-		{command{Op: "bind", Family: 4, Port: 9091}, 9091, ReasonNotHeld},
-		{command{Op: "bind", Port: 0}, 0, ReasonNotHeld},
+		{command{Op: "bind", Port: 9090}, 9090, ReasonNoListener},
+		{command{Op: "bind", Family: 4, Port: 9091}, 9091, ReasonNoListener},
+		{command{Op: "bind", Port: 0}, 0, ReasonNoListener},
 		{command{Op: "bind-unix", Path: "/tmp/probe.sock"}, 0, ReasonNotIP},
 	} {
 		res := nc.probe(c.cmd, 10*time.Second)

@@ -1,4 +1,4 @@
-// Package version holds build information, set by the Makefile with -ldflags.
+// Package version carries build information, set by the Makefile with -ldflags.
 package version
 
 import runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"

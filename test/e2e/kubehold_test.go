@@ -53,11 +53,14 @@ func TestConnectionHoldKubernetes(t *testing.T) {
 			})
 			// The app shapes whose processes only the container's cgroup
 			// finds: the same on every backend (runc, the host's cgroups),
-			// so one backend is enough.
+			// so one backend is enough. The backlog-5 serial server is
+			// swapped node-local only (TestHoldAppShapes, BenchmarkHoldRelease):
+			// beside a kubelet on two loaded CPUs it drops SYNs itself at
+			// 200 connections a second, before the hold and after it.
 			if b != backends[0] {
 				return
 			}
-			for i, sh := range appShapes[1:4] {
+			for i, sh := range appShapes[1:3] {
 				t.Run("kubectl set image, "+sh.name, func(t *testing.T) {
 					name := fmt.Sprintf("held-shape%d", i)
 					p := km.createPodWith(t, name, km.imgs.App1, func(p *corev1.Pod) {

@@ -47,6 +47,14 @@ const (
 	// listened by the hold's limit on a port the old one listened on (a
 	// kubelet-driven swap, or a pod that opted out of the rollback).
 	EventNeverListened = "InPlaceSwapNeverListened"
+	// EventAffinityDrift: before a swap, the pod no longer fitted its
+	// node's labels or taints (the condition ConditionAffinityDrift says
+	// the same).
+	EventAffinityDrift = "AffinityDrift"
+	// EventForbidden: inplaced's identity may not write something on the
+	// pod (its status, a condition, the spec image); said once per pod and
+	// action.
+	EventForbidden = "InPlacedForbidden"
 )
 
 // Status states written to inplaced.io/swap-status.

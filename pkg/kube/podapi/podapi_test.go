@@ -22,6 +22,8 @@ func TestNamesAreTheContract(t *testing.T) {
 		EventSwapFailed:           "InPlaceSwapFailed",
 		EventSwapRolledBack:       "InPlaceSwapRolledBack",
 		EventNeverListened:        "InPlaceSwapNeverListened",
+		EventAffinityDrift:        "AffinityDrift",
+		EventForbidden:            "InPlacedForbidden",
 		StateRefused:              "Refused",
 		StateRunning:              "Running",
 		StateCommitted:            "Committed",

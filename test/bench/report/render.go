@@ -717,7 +717,7 @@ func (d *doc) dominates(b *strings.Builder) {
 			} else {
 				line += "; inplaced added no more than that"
 			}
-			line += ". No swap runs here, so none of the calls measured is intercepted: inplaced's HTTP/2 router (`pkg/relay/router.go`) " +
+			line += ". No swap runs here, so none of the calls measured is intercepted: inplaced's HTTP/2 router (`pkg/relay/server.go`) " +
 				"forwards each call's frames to its connection to containerd — it decodes the stream's headers to read `:path`, re-encodes them " +
 				"(HPACK) for the backend connection and keeps stream IDs and flow control per connection — with no gRPC server or client on the path."
 		}
@@ -802,7 +802,7 @@ func (d *doc) inProcess(b *strings.Builder) {
 		fmt.Fprintf(b, "In this build, ListContainers through the relay with inplaced's interceptors adds %s and allocates %s per call; "+
 			"through the bare relay %s and %s. The difference is the intercepted path: the in-process gRPC server decodes the call and the "+
 			"relay reads the answer into a `[]byte` for the interceptor before it passes it on. inplaced takes that path for ListContainers only "+
-			"while a swap holds a fence (its gates); with no swap, kubelet's relist costs the bare figures.\n\n",
+			"while a swap has a fence up (its gates); with no swap, kubelet's relist costs the bare figures.\n\n",
 			fmtDur(added(it[0])), fmtBytes(it[0].ProxyAllocBytes), fmtDur(added(bare[0])), fmtBytes(bare[0].ProxyAllocBytes))
 	}
 }

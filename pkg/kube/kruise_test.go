@@ -90,13 +90,13 @@ func newKruiseEnv(t *testing.T, commit bool) (*lagEnv, *swapping) {
 	t.Helper()
 	e := newLagEnv(t)
 	eng := &swapping{preparing: *e.eng, after: 100 * time.Millisecond, commit: commit}
-	e.c.engine = eng
-	req, err := e.c.store.Container(e.id)
+	e.compose(eng)
+	req, err := e.st.Container(e.id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Config.Envs = []*runtimeapi.KeyValue{{Key: "TIER", Value: []byte("gold")}, {Key: "OTHER", Value: []byte("x")}}
-	if err := e.c.store.PutContainer(e.id, req); err != nil {
+	if err := e.st.PutContainer(e.id, req); err != nil {
 		t.Fatal(err)
 	}
 	e.pod.Labels = map[string]string{"tier": "gold"}
@@ -134,10 +134,10 @@ func TestKruiseStopBecomesEnvSwap(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	d, err := e.c.HoldStop(context.Background(), stopOf(e.id))
+	d, err := e.c.SwapInsteadOfStop(context.Background(), stopOf(e.id))
 	took := time.Since(start)
 	if err != nil || !d.Answered || d.Adopt != nil {
-		t.Fatalf("HoldStop = %+v, %v; want answered with success, nothing to adopt", d, err)
+		t.Fatalf("SwapInsteadOfStop = %+v, %v; want answered with success, nothing to adopt", d, err)
 	}
 	if took < 100*time.Millisecond || took > watchLag {
 		t.Errorf("the stop took %s: want it held for the swap (100 ms), no longer", took)
@@ -153,7 +153,7 @@ func TestKruiseStopBecomesEnvSwap(t *testing.T) {
 		t.Errorf("caller %q, want %q", eng.by[0], CallerKruiseEnvFromMetadata)
 	}
 	// kruise-daemon retries from its own (older) view: same answer, no new swap.
-	if d, err := e.c.HoldStop(context.Background(), stopOf(e.id)); err != nil || !d.Answered {
+	if d, err := e.c.SwapInsteadOfStop(context.Background(), stopOf(e.id)); err != nil || !d.Answered {
 		t.Errorf("second stop = %+v, %v; want answered", d, err)
 	}
 	if n := len(eng.started()); n != 1 {
@@ -169,10 +169,10 @@ func TestKruiseStopJoinsTheWatchsSwap(t *testing.T) {
 	if err := e.indexer.Update(upd); err != nil {
 		t.Fatal(err)
 	}
-	e.c.syncEnvFromMetadata(upd, map[string]*runtimeapi.Container{"app": {Id: e.id}})
-	d, err := e.c.HoldStop(context.Background(), stopOf(e.id))
+	e.c.env.sync(upd, map[string]*runtimeapi.Container{"app": {Id: e.id}})
+	d, err := e.c.SwapInsteadOfStop(context.Background(), stopOf(e.id))
 	if err != nil || !d.Answered {
-		t.Fatalf("HoldStop = %+v, %v; want answered", d, err)
+		t.Fatalf("SwapInsteadOfStop = %+v, %v; want answered", d, err)
 	}
 	if n := len(eng.started()); n != 1 {
 		t.Errorf("%d swaps started, want the watch's one", n)
@@ -188,11 +188,11 @@ func TestKruiseStopBeforeTheWatch(t *testing.T) {
 		time.Sleep(80 * time.Millisecond)
 		upd := kruiseUpdate(e.pod, "2", "platinum")
 		_ = e.indexer.Update(upd)
-		e.c.delivered(upd)
+		e.c.cache.delivered(upd)
 	}()
-	d, err := e.c.HoldStop(context.Background(), stopOf(e.id))
+	d, err := e.c.SwapInsteadOfStop(context.Background(), stopOf(e.id))
 	if err != nil || !d.Answered {
-		t.Fatalf("HoldStop = %+v, %v; want answered after the swap", d, err)
+		t.Fatalf("SwapInsteadOfStop = %+v, %v; want answered after the swap", d, err)
 	}
 	if n := len(eng.started()); n != 1 {
 		t.Errorf("%d swaps started, want 1", n)
@@ -208,8 +208,8 @@ func TestStopsLeftAlone(t *testing.T) {
 		p := e.pod.DeepCopy()
 		p.Labels["tier"] = "platinum" // a label change by hand: kruise-daemon leaves it too
 		_ = e.indexer.Update(p)
-		if d, err := e.c.HoldStop(context.Background(), stopOf(e.id)); err != nil || d.Answered {
-			t.Errorf("HoldStop = %+v, %v; want the stop through", d, err)
+		if d, err := e.c.SwapInsteadOfStop(context.Background(), stopOf(e.id)); err != nil || d.Answered {
+			t.Errorf("SwapInsteadOfStop = %+v, %v; want the stop through", d, err)
 		}
 		if n := len(eng.started()); n != 0 {
 			t.Errorf("%d swaps started", n)
@@ -218,8 +218,8 @@ func TestStopsLeftAlone(t *testing.T) {
 	t.Run("env already in place", func(t *testing.T) {
 		e, eng := newKruiseEnv(t, true)
 		_ = e.indexer.Update(kruiseUpdate(e.pod, "2", "gold"))
-		if d, err := e.c.HoldStop(context.Background(), stopOf(e.id)); err != nil || d.Answered {
-			t.Errorf("HoldStop = %+v, %v; want the stop through", d, err)
+		if d, err := e.c.SwapInsteadOfStop(context.Background(), stopOf(e.id)); err != nil || d.Answered {
+			t.Errorf("SwapInsteadOfStop = %+v, %v; want the stop through", d, err)
 		}
 		if n := len(eng.started()); n != 0 {
 			t.Errorf("%d swaps started", n)
@@ -228,16 +228,16 @@ func TestStopsLeftAlone(t *testing.T) {
 	t.Run("swap rolled back", func(t *testing.T) {
 		e, _ := newKruiseEnv(t, false)
 		_ = e.indexer.Update(kruiseUpdate(e.pod, "2", "platinum"))
-		if d, err := e.c.HoldStop(context.Background(), stopOf(e.id)); err != nil || d.Answered {
-			t.Errorf("HoldStop = %+v, %v; want the stop through (kruise's restart as without inplaced)", d, err)
+		if d, err := e.c.SwapInsteadOfStop(context.Background(), stopOf(e.id)); err != nil || d.Answered {
+			t.Errorf("SwapInsteadOfStop = %+v, %v; want the stop through (kruise's restart as without inplaced)", d, err)
 		}
 	})
 	t.Run("swap refused", func(t *testing.T) {
 		e, eng := newKruiseEnv(t, true)
 		eng.refuse = errors.New("test: container busy")
 		_ = e.indexer.Update(kruiseUpdate(e.pod, "2", "platinum"))
-		if d, err := e.c.HoldStop(context.Background(), stopOf(e.id)); err != nil || d.Answered {
-			t.Errorf("HoldStop = %+v, %v; want the stop through", d, err)
+		if d, err := e.c.SwapInsteadOfStop(context.Background(), stopOf(e.id)); err != nil || d.Answered {
+			t.Errorf("SwapInsteadOfStop = %+v, %v; want the stop through", d, err)
 		}
 	})
 }

@@ -6,17 +6,15 @@ import (
 	"sort"
 	"strings"
 
-	"k8s.io/apimachinery/pkg/labels"
-
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	schedcorev1 "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
+	"github.com/inplaced/inplaced/pkg/errkind"
 	"github.com/inplaced/inplaced/pkg/kube/podapi"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
-
-	"github.com/inplaced/inplaced/pkg/errkind"
 )
 
 // Affinity drift policies (--affinity-drift).
@@ -49,38 +47,47 @@ func Drift(pod *corev1.Pod, node *corev1.Node) string {
 	return strings.Join(why, "; ")
 }
 
-// Admit is the swap engine's admission check (swap.Admission): before
-// every swap of a pod's container, the pod is checked against the node's
-// current labels and taints. A pod that no longer fits gets a Warning
-// event and the condition inplaced.io/AffinityDrift=True (written in the
-// background: nothing here waits on the API server); with
+// affinityDrift is the swap engine's admission check of a pod against its
+// node, and inplacectl check's list of the pods that no longer fit. It
+// reads the informers' caches only and keeps no state of its own.
+type affinityDrift struct {
+	node string
+	// policy: what a swap of a pod that no longer fits gets (DriftWarn,
+	// DriftRefuse).
+	policy string
+	cache  *podCache
+	writer *podWriter
+}
+
+// admit checks, before every swap of a pod's container, the pod against
+// the node's current labels and taints. A pod that no longer fits gets a
+// Warning event and the condition inplaced.io/AffinityDrift=True (written
+// in the background: nothing here waits on the API server); with
 // --affinity-drift=refuse the swap is refused.
-func (c *Controller) Admit(_ context.Context, namespace, name, uid string) (string, error) {
-	pod, node := c.podAndNode(namespace, name, uid)
+func (d *affinityDrift) admit(_ context.Context, namespace, name, uid string) (string, error) {
+	pod, node := d.podAndNode(namespace, name, uid)
 	if pod == nil || node == nil {
 		return "", nil // not (yet) in the caches: nothing to hold against it
 	}
 	why := Drift(pod, node)
 	if why == "" {
 		if conditionStatus(pod, podapi.ConditionAffinityDrift) == corev1.ConditionTrue {
-			go c.setCondition(pod, podapi.ConditionAffinityDrift, corev1.ConditionFalse, "Fits", "the pod fits its node again")
+			go d.writer.setCondition(pod, podapi.ConditionAffinityDrift, corev1.ConditionFalse, "Fits", "the pod fits its node again")
 		}
 		return "", nil
 	}
 	go func() {
-		c.event(pod, corev1.EventTypeWarning, "AffinityDrift", "pod no longer fits its node: %s", why)
-		c.setCondition(pod, podapi.ConditionAffinityDrift, corev1.ConditionTrue, "NoLongerFits", why)
+		d.writer.event(pod, corev1.EventTypeWarning, podapi.EventAffinityDrift, "pod no longer fits its node: %s", why)
+		d.writer.setCondition(pod, podapi.ConditionAffinityDrift, corev1.ConditionTrue, "NoLongerFits", why)
 	}()
-	if c.affinityDrift == DriftRefuse {
+	if d.policy == DriftRefuse {
 		return "", errkind.Errorf(errkind.Refused, "pod %s/%s no longer fits its node (%s): swap refused (--affinity-drift=refuse); the scheduler would place it elsewhere — recreate the pod", namespace, name, why)
 	}
 	return "affinity drift: " + why, nil
 }
 
-func (c *Controller) podAndNode(namespace, name, uid string) (*corev1.Pod, *corev1.Node) {
-	c.mu.Lock()
-	pods, nodes := c.lister, c.nodes
-	c.mu.Unlock()
+func (d *affinityDrift) podAndNode(namespace, name, uid string) (*corev1.Pod, *corev1.Node) {
+	pods, nodes := d.cache.listers()
 	if pods == nil || nodes == nil {
 		return nil, nil
 	}
@@ -88,28 +95,26 @@ func (c *Controller) podAndNode(namespace, name, uid string) (*corev1.Pod, *core
 	if err != nil || (uid != "" && string(pod.UID) != uid) {
 		return nil, nil
 	}
-	node, err := nodes.Get(c.node)
+	node, err := nodes.Get(d.node)
 	if err != nil {
 		return pod, nil
 	}
 	return pod, node
 }
 
-// Misfits lists the pods on the node that no longer fit it (inplacectl check).
-func (c *Controller) Misfits() (node string, checked int, misfits []*inplacedv1.PodFit, err error) {
-	c.mu.Lock()
-	pods, nodes := c.lister, c.nodes
-	c.mu.Unlock()
+// misfits lists the pods on the node that no longer fit it.
+func (d *affinityDrift) misfits() (node string, checked int, misfits []*inplacedv1.PodFit, err error) {
+	pods, nodes := d.cache.listers()
 	if pods == nil || nodes == nil {
-		return c.node, 0, nil, errkind.Errorf(errkind.Unavailable, "the pod watch has not started yet: retry in a moment")
+		return d.node, 0, nil, errkind.Errorf(errkind.Unavailable, "the pod watch has not started yet: retry in a moment")
 	}
-	n, err := nodes.Get(c.node)
+	n, err := nodes.Get(d.node)
 	if err != nil {
-		return c.node, 0, nil, errkind.Errorf(errkind.Unavailable, "node %s not in the cache yet (%v): retry in a moment", c.node, err)
+		return d.node, 0, nil, errkind.Errorf(errkind.Unavailable, "node %s not in the cache yet (%v): retry in a moment", d.node, err)
 	}
 	all, err := pods.List(labels.Everything())
 	if err != nil {
-		return c.node, 0, nil, err
+		return d.node, 0, nil, err
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].Namespace+"/"+all[i].Name < all[j].Namespace+"/"+all[j].Name })
 	for _, p := range all {
@@ -121,5 +126,5 @@ func (c *Controller) Misfits() (node string, checked int, misfits []*inplacedv1.
 			misfits = append(misfits, &inplacedv1.PodFit{Namespace: p.Namespace, Pod: p.Name, Reason: why})
 		}
 	}
-	return c.node, checked, misfits, nil
+	return d.node, checked, misfits, nil
 }

@@ -13,11 +13,14 @@ import (
 	"github.com/inplaced/inplaced/pkg/swap"
 )
 
-// StopHolder may hold kubelet's StopContainer before it is forwarded:
-// package kube does, for a container whose pod spec image changed, until
-// the new image is on the node, and then carries the change out in place.
+// StopHolder may answer kubelet's StopContainer before it is forwarded:
+// package kube does, for a container an in-place swap replaces (a pod spec
+// image change, new env from metadata), with that swap instead of the stop.
 type StopHolder interface {
-	HoldStop(ctx context.Context, req *runtimeapi.StopContainerRequest) (StopDecision, error)
+	// SwapInsteadOfStop carries out or waits for the in-place swap that
+	// replaces the container, if any, and says whether the stop is
+	// answered.
+	SwapInsteadOfStop(ctx context.Context, req *runtimeapi.StopContainerRequest) (StopDecision, error)
 }
 
 // StopDecision is what a StopHolder made of kubelet's StopContainer.
