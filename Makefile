@@ -92,12 +92,7 @@ test-unit:
 # sock_diag and nfnetlink). The relay's second pass through grpc-go's
 # server (TestThroughGRPCServer) re-executes the test binary, which needs
 # binfmt_misc: it is skipped; it is grpc-go's code, the same on every
-# architecture, and test-unit runs it. TestMalformedRequests is skipped
-# too: emulated, the backend often answers stream 1 before the client's
-# malformed trailers reach the relay, which then resets the stream with
-# NO_ERROR and answers the late trailers with GOAWAY PROTOCOL_ERROR instead
-# of ignoring them (RFC 9113 section 5.1): 2 failures in 4 runs here, a
-# race in the relay for its owners to settle, not an arm64 difference.
+# architecture, and test-unit runs it.
 # Every package under pkg/ takes part but these (each tested natively by
 # test-unit):
 #   pkg/kubeclient  its tests compare its requests with client-go's, the
@@ -115,7 +110,7 @@ ARM64_TEST_PKGS = $(filter-out %/pkg/kubeclient %/pkg/takeover,$(shell $(GO) lis
 test-arm64:
 	@command -v qemu-aarch64-static >/dev/null || { echo "no qemu-aarch64-static: run hack/install-deps.sh"; exit 1; }
 	GOARCH=arm64 CGO_ENABLED=0 $(GO) test -count=1 -vet=off -tags qemu_user -exec qemu-aarch64-static \
-	  -skip '^(TestThroughGRPCServer|TestMalformedRequests)$$' $(ARM64_TEST_PKGS)
+	  -skip '^TestThroughGRPCServer$$' $(ARM64_TEST_PKGS)
 
 test-e2e: build
 	INPLACED_WITH_KUBELET=1 INPLACED_WITH_VM_IMAGE=$(VM_IMAGE) hack/install-deps.sh --no-apt
