@@ -149,6 +149,21 @@ func binariesLayer(s Spec, p v1.Platform) (v1.Layer, error) {
 func hostFilesLayer(s Spec) (v1.Layer, error) {
 	t := newTarLayer(s.Created)
 	t.dirs(HostFilesDir)
+	err := walkHostFiles(s, func(dst string, data []byte) error {
+		t.dirs(path.Dir(dst))
+		t.file(dst, 0o644, data)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return t.layer()
+}
+
+// walkHostFiles calls fn with each regular file under the HostFiles of s:
+// its path in the image (HostFilesDir/<its path in the repository>) and
+// its contents, in lexical order.
+func walkHostFiles(s Spec, fn func(dst string, data []byte) error) error {
 	for _, root := range s.HostFiles {
 		err := filepath.WalkDir(filepath.Join(s.SourceDir, root), func(p string, d fs.DirEntry, err error) error {
 			if err != nil || !d.Type().IsRegular() {
@@ -162,16 +177,13 @@ func hostFilesLayer(s Spec) (v1.Layer, error) {
 			if err != nil {
 				return err
 			}
-			dst := path.Join(HostFilesDir, filepath.ToSlash(rel))
-			t.dirs(path.Dir(dst))
-			t.file(dst, 0o644, data)
-			return nil
+			return fn(path.Join(HostFilesDir, filepath.ToSlash(rel)), data)
 		})
 		if err != nil {
-			return nil, fmt.Errorf("host files %s: %w", root, err)
+			return fmt.Errorf("host files %s: %w", root, err)
 		}
 	}
-	return t.layer()
+	return nil
 }
 
 // tarLayer writes a layer's tar in memory, every entry owned by root and

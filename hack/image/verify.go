@@ -7,10 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"os"
 	"path"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -141,41 +138,28 @@ func checkBinary(data []byte, arch string) error {
 }
 
 // checkHostFiles checks that every host file of s is in the image at
-// HostFilesDir/<its path in the repository>, with the same contents.
+// HostFilesDir/<its path in the repository>, with the same contents, and
+// nothing else is under HostFilesDir.
 func checkHostFiles(files map[string][]byte, s Spec) error {
 	n := 0
-	for _, root := range s.HostFiles {
-		err := filepath.WalkDir(filepath.Join(s.SourceDir, root), func(p string, d fs.DirEntry, err error) error {
-			if err != nil || !d.Type().IsRegular() {
-				return err
-			}
-			rel, err := filepath.Rel(s.SourceDir, p)
-			if err != nil {
-				return err
-			}
-			want, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			dst := path.Join(HostFilesDir, filepath.ToSlash(rel))
-			if got, ok := files[dst]; !ok || !bytes.Equal(got, want) {
-				return fmt.Errorf("%s is missing or differs from %s", dst, rel)
-			}
-			n++
-			return nil
-		})
-		if err != nil {
-			return err
+	err := walkHostFiles(s, func(dst string, want []byte) error {
+		if got, ok := files[dst]; !ok || !bytes.Equal(got, want) {
+			return fmt.Errorf("%s is missing or differs from the repository's", dst)
 		}
+		n++
+		return nil
+	})
+	if err != nil {
+		return err
 	}
-	var extra []string
+	var inImage int
 	for f := range files {
 		if strings.HasPrefix(f, HostFilesDir+"/") {
-			extra = append(extra, f)
+			inImage++
 		}
 	}
-	if len(extra) != n {
-		return fmt.Errorf("%d files under %s, want the %d of %q", len(extra), HostFilesDir, n, s.HostFiles)
+	if inImage != n {
+		return fmt.Errorf("%d files under %s, want the %d of %q", inImage, HostFilesDir, n, s.HostFiles)
 	}
 	return nil
 }
