@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what inplaced's tests need, and skips whatever is already there:
 #   - Debian packages: containerd (1.6), runc, CNI plugins, busybox-static,
-#     skopeo, protoc, iproute2, iptables, socat (a floor in make bench);
+#     skopeo, protoc, iproute2, iptables, socat (a floor in make bench),
+#     qemu-user-static (make test-arm64 runs the arm64 unit tests under
+#     qemu-aarch64-static, called by go test -exec: no binfmt_misc needed);
 #   - pinned Go tools under ${INPLACED_TOOLS:-/var/cache/inplaced/tools}:
 #       containerd-v2.4.2/bin/{containerd,containerd-shim-runc-v2}
 #       bin/{crictl,critest,protoc-gen-go,protoc-gen-go-grpc}
@@ -59,7 +61,7 @@ H2SPEC_DEPS=(golang.org/x/net@v0.60.0 github.com/spf13/cobra@v1.10.2 github.com/
 TOOLS="${INPLACED_TOOLS:-/var/cache/inplaced/tools}"
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SCRATCH="${TMPDIR:-/tmp}"
-APT_PACKAGES=(containerd runc containernetworking-plugins busybox-static skopeo protobuf-compiler iproute2 iptables nftables socat graphviz curl docker-registry)
+APT_PACKAGES=(containerd runc containernetworking-plugins busybox-static skopeo protobuf-compiler iproute2 iptables nftables socat graphviz curl docker-registry qemu-user-static)
 
 log() { printf '[install-deps] %s\n' "$*" >&2; }
 # shellcheck source=lib/timing.sh

@@ -1,3 +1,11 @@
+//go:build !qemu_user
+
+// Not built under qemu-user (make test-arm64, -tags qemu_user): it passes
+// a process's syscalls to the host kernel but translates only a few
+// netlink families, not sock_diag nor nfnetlink, which every test here
+// needs; and the test binary it runs cannot re-exec itself
+// (TestHoldKilledHolder) without binfmt_misc.
+
 package hold
 
 import (

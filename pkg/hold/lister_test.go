@@ -1,3 +1,8 @@
+//go:build !qemu_user
+
+// Not built under qemu-user: a network namespace test (hold_netns_test.go
+// says why).
+
 package hold
 
 import (
