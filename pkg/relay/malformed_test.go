@@ -54,6 +54,15 @@ func malformedRequests() map[string]malformedCase {
 		f := ok()
 		return f.raw(http2.FrameHeaders, http2.FlagHeadersEndHeaders, 1, f.block(fields...))
 	}
+	// The cases whose fault shows only in a later frame send an empty gRPC
+	// message in two parts, so that the backend cannot answer stream 1
+	// before that frame: a backend that has a whole message answers a
+	// unary call and ends the stream (grpc-go: trailers, then RST_STREAM
+	// NO_ERROR), after which the caller's late frame meets a closed stream
+	// (ignored, or HEADERS on it a connection error, as x/net and grpc-go
+	// answer) and the request's fault can no longer be reported: a race
+	// with the backend, not the relay's check, about 1 run in 40.
+	msgHead, msgTail := []byte{0, 0, 0}, []byte{0, 0}
 	selfDep := ok()
 	_ = selfDep.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, EndHeaders: true, BlockFragment: selfDep.block(req()...),
 		Priority: http2.PriorityParam{StreamDep: 1, Weight: 15}})
@@ -67,9 +76,9 @@ func malformedRequests() map[string]malformedCase {
 		"empty :path":                         {headers(":method", "POST", ":scheme", "http", ":path", "", ":authority", "x", "content-type", "application/grpc").message(1, nil, true).Bytes(), true, false, grpcRefuses},
 		"duplicate :path":                     {headers(append([]string{":path", v}, req()...)...).message(1, nil, true).Bytes(), true, true, grpcRefuses},
 		"body over content-length":            {headers(req("content-length", "1")...).message(1, []byte("test"), true).Bytes(), false, false, grpcForwards},
-		"body over content-length, two DATA":  {headers(req("content-length", "6")...).message(1, nil, false).message(1, []byte("x"), true).Bytes(), false, false, grpcForwards},
+		"body over content-length, two DATA":  {headers(req("content-length", "3")...).raw(http2.FrameData, 0, 1, msgHead).raw(http2.FrameData, http2.FlagDataEndStream, 1, msgTail).Bytes(), false, false, grpcForwards},
 		"body under content-length":           {headers(req("content-length", "9")...).message(1, []byte("x"), true).Bytes(), false, false, grpcForwards},
-		"body under content-length, trailers": {headers(req("content-length", "9")...).message(1, []byte("x"), false).trailers(1, true, "x-t", "1").Bytes(), false, false, grpcEndsConn},
+		"body under content-length, trailers": {headers(req("content-length", "9")...).raw(http2.FrameData, 0, 1, msgHead).trailers(1, true, "x-t", "1").Bytes(), false, false, grpcEndsConn},
 	}
 }
 
