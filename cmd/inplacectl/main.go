@@ -70,6 +70,31 @@ func (g *globals) client() (inplacedv1.ControlClient, func(), error) {
 	return inplacedv1.NewControlClient(conn), func() { conn.Close() }, nil
 }
 
+// call runs f with a client of the control socket, closed when f returns.
+func (g *globals) call(f func(c inplacedv1.ControlClient) error) error {
+	c, done, err := g.client()
+	if err != nil {
+		return err
+	}
+	defer done()
+	return f(c)
+}
+
+// followSwapCall asks inplaced for a swap (start is
+// inplacedv1.ControlClient.Swap or .Revert) and follows its event stream to
+// the end: see followSwap.
+func followSwapCall[Req any](g *globals, cmd *cobra.Command,
+	start func(inplacedv1.ControlClient, context.Context, Req, ...grpc.CallOption) (grpc.ServerStreamingClient[inplacedv1.SwapEvent], error),
+	req Req) error {
+	return g.call(func(c inplacedv1.ControlClient) error {
+		stream, err := start(c, cmd.Context(), req)
+		if err != nil {
+			return err
+		}
+		return followSwap(stream, g.output, cmd.OutOrStdout())
+	})
+}
+
 // newListCommand is a command without arguments that asks inplaced one
 // question, call (a ControlClient method, as inplacedv1.ControlClient.CheckPods)
 // with req, and prints the answer: as JSON or YAML with -o json|yaml, else
@@ -82,21 +107,18 @@ func newListCommand[Req any, Resp proto.Message](g *globals, use, short string,
 		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := call(c, cmd.Context(), req)
-			if err != nil {
-				return err
-			}
-			w := cmd.OutOrStdout()
-			if g.output != "table" {
-				return printStructured(w, g.output, resp)
-			}
-			table(w, resp)
-			return nil
+			return g.call(func(c inplacedv1.ControlClient) error {
+				resp, err := call(c, cmd.Context(), req)
+				if err != nil {
+					return err
+				}
+				w := cmd.OutOrStdout()
+				if g.output != "table" {
+					return printStructured(w, g.output, resp)
+				}
+				table(w, resp)
+				return nil
+			})
 		},
 	}
 }

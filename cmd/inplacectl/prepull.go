@@ -36,12 +36,9 @@ func newPrepullCommand(g *globals) *cobra.Command {
 				}
 				req.Auth = a
 			}
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
-			return Prepull(cmd.Context(), c, req, g.output, cmd.OutOrStdout())
+			return g.call(func(c inplacedv1.ControlClient) error {
+				return Prepull(cmd.Context(), c, req, g.output, cmd.OutOrStdout())
+			})
 		},
 	}
 	cmd.Flags().StringVar(&o.RegistryAuth, "registry-auth", "", "JSON file with registry credentials (as for swap); kept in memory only")

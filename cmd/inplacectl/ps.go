@@ -27,12 +27,9 @@ func newPsCommand(g *globals) *cobra.Command {
 			if len(args) == 1 {
 				o.Pod = args[0]
 			}
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
-			return Ps(cmd.Context(), c, o, g.output, cmd.OutOrStdout())
+			return g.call(func(c inplacedv1.ControlClient) error {
+				return Ps(cmd.Context(), c, o, g.output, cmd.OutOrStdout())
+			})
 		},
 	}
 	cmd.Flags().StringVarP(&o.Namespace, "namespace", "n", "", "only this namespace")

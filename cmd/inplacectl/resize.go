@@ -64,29 +64,18 @@ func newResizeCommand(g *globals) *cobra.Command {
 			if res == nil {
 				return fmt.Errorf("nothing to resize: give --cpu, --cpu-request or --memory")
 			}
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
-			rec, err := c.Resize(cmd.Context(), &inplacedv1.ResizeRequest{Target: target, Resources: res})
-			if err != nil {
-				// A refused or failed resize carries its record: show what
-				// is in effect, then fail with the daemon's status.
-				if rec := resizeRecordOf(err); rec != nil {
-					if g.output != "table" {
-						_ = printStructured(cmd.OutOrStdout(), g.output, rec)
-					} else {
-						printResize(cmd.OutOrStdout(), rec)
+			return g.call(func(c inplacedv1.ControlClient) error {
+				rec, err := c.Resize(cmd.Context(), &inplacedv1.ResizeRequest{Target: target, Resources: res})
+				if err != nil {
+					// A refused or failed resize carries its record: show what
+					// is in effect, then fail with the daemon's status.
+					if rec := resizeRecordOf(err); rec != nil {
+						_ = showResize(cmd.OutOrStdout(), g.output, rec)
 					}
+					return err
 				}
-				return err
-			}
-			if g.output != "table" {
-				return printStructured(cmd.OutOrStdout(), g.output, rec)
-			}
-			printResize(cmd.OutOrStdout(), rec)
-			return nil
+				return showResize(cmd.OutOrStdout(), g.output, rec)
+			})
 		},
 	}
 	t.add(cmd)
@@ -106,11 +95,20 @@ func resizeRecordOf(err error) *inplacedv1.ResizeRecord {
 	return nil
 }
 
+// showResize prints a resize record in the -o format.
+func showResize(w io.Writer, output string, r *inplacedv1.ResizeRecord) error {
+	if output != "table" {
+		return printStructured(w, output, r)
+	}
+	printResize(w, r)
+	return nil
+}
+
 func printResize(w io.Writer, r *inplacedv1.ResizeRecord) {
 	fmt.Fprintf(w, "resize %s of %s/%s/%s (%s): %s via %s in %s\n", r.Id, r.Namespace, r.Pod, r.Container, shortID(r.ContainerId),
 		r.Result, r.Method, time.Duration(r.DurationNs).Round(time.Microsecond))
 	if r.Caller != nil {
-		fmt.Fprintf(w, "  caller: %s\n", callerText(r.Caller))
+		fmt.Fprintf(w, "  caller: %s\n", r.Caller.Summary())
 	}
 	if r.RuntimeClass != "" {
 		fmt.Fprintf(w, "  runtime handler %s (%s): enforced %s, by %s; verified: %s\n",

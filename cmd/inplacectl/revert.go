@@ -21,16 +21,7 @@ func newRevertCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
-			stream, err := c.Revert(cmd.Context(), &inplacedv1.RevertRequest{Target: target})
-			if err != nil {
-				return err
-			}
-			return followSwap(stream, g.output, cmd.OutOrStdout())
+			return followSwapCall(g, cmd, inplacedv1.ControlClient.Revert, &inplacedv1.RevertRequest{Target: target})
 		},
 	}
 	t.add(cmd)

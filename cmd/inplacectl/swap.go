@@ -52,16 +52,7 @@ func newSwapCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
-			stream, err := c.Swap(cmd.Context(), req)
-			if err != nil {
-				return err
-			}
-			return followSwap(stream, g.output, cmd.OutOrStdout())
+			return followSwapCall(g, cmd, inplacedv1.ControlClient.Swap, req)
 		},
 	}
 	o.Target.add(cmd)
@@ -280,11 +271,6 @@ func newSwapsCommand(g *globals) *cobra.Command {
 		Short: "List swap history",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
 			req := &inplacedv1.ListSwapsRequest{}
 			if len(args) == 1 || t.id != "" {
 				req.Target = &inplacedv1.Target{Namespace: t.namespace, Container: t.container, ContainerId: t.id}
@@ -292,11 +278,13 @@ func newSwapsCommand(g *globals) *cobra.Command {
 					req.Target.Pod = args[0]
 				}
 			}
-			resp, err := c.ListSwaps(cmd.Context(), req)
-			if err != nil {
-				return err
-			}
-			return printSwaps(cmd.OutOrStdout(), g.output, resp.Swaps)
+			return g.call(func(c inplacedv1.ControlClient) error {
+				resp, err := c.ListSwaps(cmd.Context(), req)
+				if err != nil {
+					return err
+				}
+				return printSwaps(cmd.OutOrStdout(), g.output, resp.Swaps)
+			})
 		},
 	}
 	t.add(cmd)
@@ -323,7 +311,7 @@ func printSwaps(w io.Writer, output string, swaps []*inplacedv1.SwapRecord) erro
 		fmt.Fprintf(w, "%-32s %-8s %-30s %-16s %-40s %-10s %-13s %s\n", s.Id, s.Kind,
 			s.Namespace+"/"+s.Pod+"/"+s.Container, strings.TrimPrefix(s.State.String(), "SWAP_STATE_"),
 			s.From.GetImage()+" → "+s.To.GetImage(), time.Duration(s.DowntimeNs).Round(time.Millisecond),
-			shortID(s.RunningContainerId), callerText(s.Caller))
+			shortID(s.RunningContainerId), s.Caller.Summary())
 		if s.Error != "" {
 			fmt.Fprintf(w, "    %s\n", s.Error)
 		}
@@ -344,19 +332,6 @@ func printSwaps(w io.Writer, output string, swaps []*inplacedv1.SwapRecord) erro
 		}
 	}
 	return nil
-}
-
-// callerText says who asked: "kubelet (pod spec)" or the control socket
-// peer's uid and pid.
-func callerText(c *inplacedv1.Caller) string {
-	if d := c.GetDescription(); d != "" {
-		return d
-	}
-	s := fmt.Sprintf("uid=%d pid=%d", c.GetUid(), c.GetPid())
-	if c.GetExe() != "" {
-		s += " " + c.GetExe()
-	}
-	return s
 }
 
 func shortID(id string) string {

@@ -28,12 +28,9 @@ func newWatchCommand(g *globals) *cobra.Command {
 		Short: "Stream swaps, steps, resizes, overrides and fence waits as they happen (Ctrl-C ends)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, done, err := g.client()
-			if err != nil {
-				return err
-			}
-			defer done()
-			return Watch(cmd.Context(), c, o, g.output, cmd.OutOrStdout())
+			return g.call(func(c inplacedv1.ControlClient) error {
+				return Watch(cmd.Context(), c, o, g.output, cmd.OutOrStdout())
+			})
 		},
 	}
 	cmd.Flags().StringVarP(&o.Namespace, "namespace", "n", "", "only this namespace")

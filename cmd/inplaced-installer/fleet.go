@@ -13,11 +13,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/rest"
 
 	"github.com/inplaced/inplaced/pkg/kubeclient"
@@ -56,22 +53,19 @@ func fleetCommand(o *options) *cobra.Command {
 		Short: "Roll the installer DaemonSet into uninstall on every node and wait for it (the chart's pre-delete hook)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := newLogger(o.logLevel)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = log.Sync() }()
-			cfg, err := o.restConfig()
-			if err != nil {
-				return err
-			}
-			f, err := newFleet(cfg, ns, name, log)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			return f.uninstall(ctx, maxUnavailable)
+			return o.withLogger(func(log *zap.Logger) error {
+				cfg, err := o.restConfig()
+				if err != nil {
+					return err
+				}
+				f, err := newFleet(cfg, ns, name, log)
+				if err != nil {
+					return err
+				}
+				ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+				defer cancel()
+				return f.uninstall(ctx, maxUnavailable)
+			})
 		},
 	}
 	fl := cmd.Flags()
@@ -93,12 +87,7 @@ type fleet struct {
 	pollEvery time.Duration
 }
 
-var appsScheme = runtime.NewScheme()
-
-func init() {
-	metav1.AddToGroupVersion(appsScheme, schema.GroupVersion{Version: "v1"})
-	utilruntime.Must(appsv1.AddToScheme(appsScheme))
-}
+var appsScheme = kubeclient.NewScheme(appsv1.AddToScheme)
 
 func newFleet(c *rest.Config, ns, name string, log *zap.Logger) (*fleet, error) {
 	cfg := *c

@@ -107,6 +107,17 @@ func newRootFor(o *options) *cobra.Command {
 	return root
 }
 
+// withLogger runs f with the logger --log-level asks for, flushed when f
+// returns.
+func (o *options) withLogger(f func(log *zap.Logger) error) error {
+	log, err := newLogger(o.logLevel)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+	return f(log)
+}
+
 func newLogger(level string) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {

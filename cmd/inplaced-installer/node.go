@@ -28,16 +28,13 @@ func nodeCommand(o *options, name, short string, plan func(install.Spec, install
 		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := newLogger(o.logLevel)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = log.Sync() }()
-			// A signal does not cut a run: a host left between two steps
-			// is what the undo exists for, not what a stop should cause.
-			_, stop := signals()
-			defer stop()
-			return runOnNode(context.Background(), o, log, name, plan)
+			return o.withLogger(func(log *zap.Logger) error {
+				// A signal does not cut a run: a host left between two steps
+				// is what the undo exists for, not what a stop should cause.
+				_, stop := signals()
+				defer stop()
+				return runOnNode(context.Background(), o, log, name, plan)
+			})
 		},
 	}
 }
@@ -125,39 +122,40 @@ func daemonSetCommand(o *options) *cobra.Command {
 		Use:   "daemonset",
 		Short: "The DaemonSet's container: install (or uninstall, per $" + modeEnv + "), then wait",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := newLogger(o.logLevel)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = log.Sync() }()
-			mode := os.Getenv(modeEnv)
-			plan := install.PlanInstall
-			switch mode {
-			case "", "install":
-				mode = "install"
-			case "uninstall":
-				plan = install.PlanUninstall
-			default:
-				return fmt.Errorf("%s=%q: want install or uninstall", modeEnv, mode)
-			}
-			_ = os.Remove(o.readyFile)
-			// SIGTERM is caught from the start, so that it ends the wait
-			// below, never the run: the pod's grace period lets a run finish.
-			ctx, stop := signals()
-			defer stop()
-			if err := runOnNode(context.Background(), o, log, mode, plan); err != nil {
-				o.failedEvent(log, mode, err)
-				return err
-			}
-			if err := writeReady(o.readyFile, mode); err != nil {
-				return err
-			}
-			<-ctx.Done()
-			log.Info("stopping: inplaced stays as it is on the host", zap.String("mode", mode))
-			return nil
+		RunE: func(*cobra.Command, []string) error {
+			return o.withLogger(o.daemonSet)
 		},
 	}
+}
+
+// daemonSet is the DaemonSet container's run: install or uninstall as
+// $INPLACED_INSTALLER_MODE says, then ready until SIGTERM.
+func (o *options) daemonSet(log *zap.Logger) error {
+	mode := os.Getenv(modeEnv)
+	plan := install.PlanInstall
+	switch mode {
+	case "", "install":
+		mode = "install"
+	case "uninstall":
+		plan = install.PlanUninstall
+	default:
+		return fmt.Errorf("%s=%q: want install or uninstall", modeEnv, mode)
+	}
+	_ = os.Remove(o.readyFile)
+	// SIGTERM is caught from the start, so that it ends the wait
+	// below, never the run: the pod's grace period lets a run finish.
+	ctx, stop := signals()
+	defer stop()
+	if err := runOnNode(context.Background(), o, log, mode, plan); err != nil {
+		o.failedEvent(log, mode, err)
+		return err
+	}
+	if err := writeReady(o.readyFile, mode); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	log.Info("stopping: inplaced stays as it is on the host", zap.String("mode", mode))
+	return nil
 }
 
 // failedEvent says on the Node why the run failed (best effort: the

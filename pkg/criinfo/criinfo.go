@@ -108,22 +108,39 @@ func (in *info) decodeConfig(msg any) error {
 	return nil
 }
 
-// Container is containerd's verbose info about a container.
-type Container struct {
+// verbose is one answer's info, read, and why it is empty if it is: what
+// Container and Sandbox have alike.
+type verbose struct {
 	in  info
 	err error
 }
 
-// ContainerOf reads the verbose info of a ContainerStatus answer
-// (ContainerStatusResponse.Info). It never fails: what cannot be read is
-// the zero value, and Err says why.
-func ContainerOf(m map[string]string) Container {
+func readVerbose(m map[string]string) verbose {
 	in, err := read(m)
-	return Container{in: in, err: err}
+	return verbose{in: in, err: err}
 }
 
 // Err says why the info is empty: ErrNoInfo, or a decoding error.
-func (c Container) Err() error { return c.err }
+func (v verbose) Err() error { return v.err }
+
+// config decodes the CRI config the object was created with into cfg.
+func config[T any](v verbose, cfg *T) (*T, error) {
+	if v.err != nil {
+		return nil, v.err
+	}
+	if err := v.in.decodeConfig(cfg); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// Container is containerd's verbose info about a container.
+type Container struct{ verbose }
+
+// ContainerOf reads the verbose info of a ContainerStatus answer
+// (ContainerStatusResponse.Info). It never fails: what cannot be read is
+// the zero value, and Err says why.
+func ContainerOf(m map[string]string) Container { return Container{readVerbose(m)} }
 
 // Pid is the container's init process on the host; 0 when not known.
 func (c Container) Pid() int { return c.in.Pid }
@@ -158,32 +175,16 @@ func (c Container) Limits() *runtimeapi.LinuxContainerResources {
 
 // Config is the CRI config the container was created with.
 func (c Container) Config() (*runtimeapi.ContainerConfig, error) {
-	if c.err != nil {
-		return nil, c.err
-	}
-	cfg := &runtimeapi.ContainerConfig{}
-	if err := c.in.decodeConfig(cfg); err != nil {
-		return nil, err
-	}
-	return cfg, nil
+	return config(c.verbose, &runtimeapi.ContainerConfig{})
 }
 
 // Sandbox is containerd's verbose info about a pod sandbox.
-type Sandbox struct {
-	in  info
-	err error
-}
+type Sandbox struct{ verbose }
 
 // SandboxOf reads the verbose info of a PodSandboxStatus answer
 // (PodSandboxStatusResponse.Info). It never fails: what cannot be read is
 // the zero value, and Err says why.
-func SandboxOf(m map[string]string) Sandbox {
-	in, err := read(m)
-	return Sandbox{in: in, err: err}
-}
-
-// Err says why the info is empty: ErrNoInfo, or a decoding error.
-func (s Sandbox) Err() error { return s.err }
+func SandboxOf(m map[string]string) Sandbox { return Sandbox{readVerbose(m)} }
 
 // Pid is the sandbox's process: the pause process under runc, the sentry
 // under gVisor, the VMM under Kata; 0 when not known.
@@ -200,14 +201,7 @@ func (s Sandbox) NetNS() string { return s.in.netNS() }
 // Config is the CRI config the sandbox was created with (its pod overhead
 // among it).
 func (s Sandbox) Config() (*runtimeapi.PodSandboxConfig, error) {
-	if s.err != nil {
-		return nil, s.err
-	}
-	cfg := &runtimeapi.PodSandboxConfig{}
-	if err := s.in.decodeConfig(cfg); err != nil {
-		return nil, err
-	}
-	return cfg, nil
+	return config(s.verbose, &runtimeapi.PodSandboxConfig{})
 }
 
 func deref[T any](p *T) T {

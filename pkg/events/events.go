@@ -115,7 +115,7 @@ func (h *Hub) SwapStarted(rec *inplacedv1.SwapRecord) {
 	h.swaps[rec.Id] = where{rec.Namespace, rec.Pod, rec.Container}
 	h.mu.Unlock()
 	ev := swapEvent(KindSwapStarted, rec)
-	ev.Message = fmt.Sprintf("%s by %s", rec.Kind, callerText(rec.Caller))
+	ev.Message = fmt.Sprintf("%s by %s", rec.Kind, rec.Caller.Summary())
 	h.publish(ev)
 }
 
@@ -209,15 +209,4 @@ func (h *Hub) WaitEnded(f *fence.Fence, waited time.Duration) {
 	ev := h.fenceEvent(KindFenceWaitDone, f)
 	ev.Message = "waited " + waited.Round(time.Millisecond).String()
 	h.publish(ev)
-}
-
-func callerText(c *inplacedv1.Caller) string {
-	if d := c.GetDescription(); d != "" {
-		return d
-	}
-	s := fmt.Sprintf("uid=%d pid=%d", c.GetUid(), c.GetPid())
-	if c.GetExe() != "" {
-		s += " " + c.GetExe()
-	}
-	return s
 }

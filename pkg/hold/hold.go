@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/inplaced/inplaced/pkg/holdmode"
+	"github.com/inplaced/inplaced/pkg/internal/netns"
 )
 
 // Release reasons.
@@ -111,7 +112,7 @@ func Hold(ctx context.Context, netnsPath string, ports []uint16, mode holdmode.M
 	if len(ports) == 0 || len(ports) > MaxPorts {
 		return nil, fmt.Errorf("hold: %d ports: give 1 to %d", len(ports), MaxPorts)
 	}
-	ns, err := openNetNS(netnsPath)
+	ns, err := netns.Open(netnsPath)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +128,7 @@ func Hold(ctx context.Context, netnsPath string, ports []uint16, mode holdmode.M
 		}
 	}()
 	var others bool
-	if err := inNetNS(ns, func() (err error) {
+	if err := netns.Run(ns, func() (err error) {
 		if h.d, err = newDiag(); err != nil {
 			return err
 		}
@@ -193,7 +194,7 @@ func (h *Held) installSlot(slot int) error {
 	}
 	a := action{drop: h.mode == holdmode.Drop, num: h.num}
 	if h.mode == holdmode.Queue {
-		if err := inNetNS(h.ns, func() (err error) { h.q, err = newQueue(); return err }); err != nil {
+		if err := netns.Run(h.ns, func() (err error) { h.q, err = newQueue(); return err }); err != nil {
 			return err
 		}
 		for _, p := range h.ports {

@@ -25,6 +25,7 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/inplaced/inplaced/pkg/holdmode"
+	"github.com/inplaced/inplaced/pkg/internal/netns"
 	"github.com/inplaced/inplaced/test/harness"
 )
 
@@ -62,7 +63,7 @@ func newTestNS(t *testing.T) *testNS {
 	ip("-n", tn.name, "addr", "add", tn.podIP+"/30", "dev", "eth0")
 	ip("-n", tn.name, "link", "set", "eth0", "up")
 	ip("-n", tn.name, "link", "set", "lo", "up")
-	tn.ns, err = openNetNS(tn.path)
+	tn.ns, err = netns.Open(tn.path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +77,7 @@ func newTestNS(t *testing.T) *testNS {
 func (tn *testNS) serve(t *testing.T, version string, port int) net.Listener {
 	t.Helper()
 	var l net.Listener
-	if err := inNetNS(tn.ns, func() (err error) { l, err = net.Listen("tcp", fmt.Sprintf(":%d", port)); return err }); err != nil {
+	if err := netns.Run(tn.ns, func() (err error) { l, err = net.Listen("tcp", fmt.Sprintf(":%d", port)); return err }); err != nil {
 		t.Fatal(err)
 	}
 	go answer(l, version, 0)
@@ -365,7 +366,7 @@ func TestHoldTwice(t *testing.T) {
 func (tn *testNS) serveSerial(t *testing.T, version, network string, port, backlog int, work time.Duration) io.Closer {
 	t.Helper()
 	var fd int
-	err := inNetNS(tn.ns, func() (err error) {
+	err := netns.Run(tn.ns, func() (err error) {
 		fam := syscall.AF_INET6
 		if network == "tcp4" {
 			fam = syscall.AF_INET

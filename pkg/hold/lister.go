@@ -1,6 +1,10 @@
 package hold
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/inplaced/inplaced/pkg/internal/netns"
+)
 
 // Lister lists the ports TCP sockets listen on in one network namespace,
 // from a sock_diag socket made there once: for callers that ask often (the
@@ -9,13 +13,13 @@ type Lister struct{ d *diag }
 
 // NewLister opens a Lister on the network namespace at netnsPath.
 func NewLister(netnsPath string) (*Lister, error) {
-	ns, err := openNetNS(netnsPath)
+	ns, err := netns.Open(netnsPath)
 	if err != nil {
 		return nil, err
 	}
 	defer ns.Close()
 	var d *diag
-	if err := inNetNS(ns, func() (err error) { d, err = newDiag(); return err }); err != nil {
+	if err := netns.Run(ns, func() (err error) { d, err = newDiag(); return err }); err != nil {
 		return nil, fmt.Errorf("listener list in %s: %w", netnsPath, err)
 	}
 	return &Lister{d: d}, nil

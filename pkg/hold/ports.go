@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/inplaced/inplaced/pkg/internal/netns"
 )
 
 // Ports is what Discover found.
@@ -28,13 +30,13 @@ type Ports struct {
 // ports) is a hint: a declared port is held too unless another process of the
 // netns listens on it.
 func Discover(netnsPath string, pids []int, declared []uint16) (Ports, error) {
-	ns, err := openNetNS(netnsPath)
+	ns, err := netns.Open(netnsPath)
 	if err != nil {
 		return Ports{}, err
 	}
 	defer ns.Close()
 	var d *diag
-	if err := inNetNS(ns, func() (err error) { d, err = newDiag(); return err }); err != nil {
+	if err := netns.Run(ns, func() (err error) { d, err = newDiag(); return err }); err != nil {
 		return Ports{}, err
 	}
 	defer d.close()

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/inplaced/inplaced/pkg/internal/mountinfo"
 )
 
 // ContainerPids returns the processes of the container whose init is pid,
@@ -174,16 +176,16 @@ func under(m cgroupMount, path string) (string, bool) {
 // parseCgroupMounts reads the cgroup and cgroup2 mounts of a mountinfo
 // (proc(5): "ID parent maj:min root point options [optional...] - type
 // source superoptions").
-func parseCgroupMounts(mountinfo string) []cgroupMount {
+func parseCgroupMounts(mi string) []cgroupMount {
 	var out []cgroupMount
-	sc := bufio.NewScanner(strings.NewReader(mountinfo))
+	sc := bufio.NewScanner(strings.NewReader(mi))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
 		sep := slices.Index(f, "-")
 		if sep < 5 || len(f) < sep+4 {
 			continue
 		}
-		m := cgroupMount{root: unescapeMount(f[3]), point: unescapeMount(f[4])}
+		m := cgroupMount{root: mountinfo.Unescape(f[3]), point: mountinfo.Unescape(f[4])}
 		switch f[sep+1] {
 		case "cgroup2":
 			m.v2 = true
@@ -195,24 +197,4 @@ func parseCgroupMounts(mountinfo string) []cgroupMount {
 		out = append(out, m)
 	}
 	return out
-}
-
-// unescapeMount undoes the octal escapes of mountinfo's paths (\040 for a
-// space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -11,6 +11,8 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/xt"
 	"golang.org/x/sys/unix"
+
+	"github.com/inplaced/inplaced/pkg/internal/netns"
 )
 
 // TablePrefix starts the name of every table this package makes; recovery
@@ -153,7 +155,7 @@ func (rs *ruleset) remove() error {
 // others the kernel did it already). A missing namespace or table is no
 // error.
 func Remove(netnsPath string) (removed []string, err error) {
-	ns, err := openNetNS(netnsPath)
+	ns, err := netns.Open(netnsPath)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}

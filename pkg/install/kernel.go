@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/inplaced/inplaced/pkg/hold"
+	"github.com/inplaced/inplaced/pkg/internal/mountinfo"
 )
 
 // HostKernel looks at the host through its /proc (the pod's own with
@@ -67,7 +68,7 @@ func (k HostKernel) Mounts(_ context.Context, paths []string) ([]string, error) 
 		if len(fields) < 5 {
 			continue
 		}
-		mp := unescapeMountinfo(fields[4])
+		mp := mountinfo.Unescape(fields[4])
 		for _, p := range paths {
 			if mp == p || strings.HasPrefix(mp, p+"/") {
 				out = append(out, mp)
@@ -75,23 +76,4 @@ func (k HostKernel) Mounts(_ context.Context, paths []string) ([]string, error) 
 		}
 	}
 	return out, sc.Err()
-}
-
-// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

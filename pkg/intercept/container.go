@@ -32,6 +32,18 @@ func (i *Interceptors) waitFence(ctx context.Context, f *fence.Fence, method str
 	return out, nil
 }
 
+// waitContainerFence waits out a swap running on container id, if any: a
+// kubelet call on the container waits for the swap's result.
+func (i *Interceptors) waitContainerFence(ctx context.Context, id, method string) error {
+	f := i.fences.ByContainer(id)
+	if f == nil {
+		return nil
+	}
+	i.count(f.Key.String() + "/" + method)
+	_, err := i.waitFence(ctx, f, method)
+	return err
+}
+
 func (i *Interceptors) createContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest,
 	next func(context.Context, *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error),
 ) (*runtimeapi.CreateContainerResponse, error) {
@@ -130,11 +142,8 @@ func (i *Interceptors) dropOverride(o *store.Override, why string) {
 func (i *Interceptors) startContainer(ctx context.Context, req *runtimeapi.StartContainerRequest,
 	next func(context.Context, *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error),
 ) (*runtimeapi.StartContainerResponse, error) {
-	if f := i.fences.ByContainer(req.ContainerId); f != nil {
-		i.count(f.Key.String() + "/StartContainer")
-		if _, err := i.waitFence(ctx, f, "StartContainer"); err != nil {
-			return nil, err
-		}
+	if err := i.waitContainerFence(ctx, req.ContainerId, "StartContainer"); err != nil {
+		return nil, err
 	}
 	i.mu.Lock()
 	handed := i.handed[req.ContainerId]
@@ -176,11 +185,8 @@ func (i *Interceptors) stopContainer(ctx context.Context, req *runtimeapi.StopCo
 func (i *Interceptors) removeContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest,
 	next func(context.Context, *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error),
 ) (*runtimeapi.RemoveContainerResponse, error) {
-	if f := i.fences.ByContainer(req.ContainerId); f != nil {
-		i.count(f.Key.String() + "/RemoveContainer")
-		if _, err := i.waitFence(ctx, f, "RemoveContainer"); err != nil {
-			return nil, err
-		}
+	if err := i.waitContainerFence(ctx, req.ContainerId, "RemoveContainer"); err != nil {
+		return nil, err
 	}
 	resp, err := next(ctx, req)
 	if err != nil && status.Code(err) != codes.NotFound {

@@ -214,14 +214,7 @@ func (ch *change) pullFailed() bool {
 // see the same spec change at about the same time. It reads only local
 // state (the informer cache, the store, the backend).
 func (ic *imageChanges) detect(ctx context.Context, containerID string) *change {
-	if ic.cache.podLister() == nil {
-		return nil
-	}
-	pc, annotations, ok := ic.containers.podContainerOf(ctx, containerID)
-	if !ok {
-		return nil
-	}
-	pod, sc := ic.cache.spec(pc.ns, pc.pod, pc.uid, pc.name)
+	pc, annotations, pod, sc := cachedSpec(ctx, ic.cache, ic.containers, containerID)
 	if sc == nil || ic.kubeletHash(containerID, annotations) == "" {
 		return nil // not a pod on the watch, being deleted, or not kubelet's container
 	}

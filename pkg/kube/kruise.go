@@ -49,14 +49,7 @@ func kruiseEnvUpdate(pod *corev1.Pod) bool {
 // before the pod watch delivered kruise's change to inplaced. Only local
 // state is read.
 func (e *envFromMetadata) startForKruiseStop(ctx context.Context, id string) *envSwap {
-	if e.cache.podLister() == nil {
-		return nil
-	}
-	pc, _, ok := e.containers.podContainerOf(ctx, id)
-	if !ok {
-		return nil
-	}
-	pod, sc := e.cache.spec(pc.ns, pc.pod, pc.uid, pc.name)
+	_, _, pod, sc := cachedSpec(ctx, e.cache, e.containers, id)
 	if sc == nil || !kruiseEnvUpdate(pod) {
 		return nil
 	}

@@ -157,6 +157,24 @@ func (n nodeContainers) podContainerOf(ctx context.Context, id string) (pc podCo
 	return pc, annotations, pc.ns != "" && pc.pod != "" && pc.name != ""
 }
 
+// cachedSpec is CRI container id's pod container, its annotations, and the
+// cached pod and container spec it runs for: what a stop of the container
+// looks up before the pod watch may have delivered a change. sc is nil
+// when the watch has not started (the container is not read then), the
+// container is not a pod's, or its pod is not on the watch or is being
+// deleted.
+func cachedSpec(ctx context.Context, cache *podCache, containers nodeContainers, id string) (pc podContainer, annotations map[string]string, pod *corev1.Pod, sc *corev1.Container) {
+	if cache.podLister() == nil {
+		return pc, nil, nil, nil
+	}
+	pc, annotations, ok := containers.podContainerOf(ctx, id)
+	if !ok {
+		return pc, annotations, nil, nil
+	}
+	pod, sc = cache.spec(pc.ns, pc.pod, pc.uid, pc.name)
+	return pc, annotations, pod, sc
+}
+
 // meta is a container's labels and annotations.
 func (n nodeContainers) meta(ctx context.Context, id string) (labels, annotations map[string]string) {
 	if req, err := n.store.Container(id); err == nil && req.GetConfig() != nil {

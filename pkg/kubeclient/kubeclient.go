@@ -46,17 +46,22 @@ import (
 
 // Scheme has core/v1 and the meta/v1 types every group version uses
 // (options, Status, WatchEvent): all that inplaced decodes.
-var Scheme = runtime.NewScheme()
+var Scheme = NewScheme(corev1.AddToScheme)
 
 var (
 	codecs         = serializer.NewCodecFactory(Scheme)
 	parameterCodec = runtime.NewParameterCodec(Scheme)
 )
 
-func init() {
-	// As k8s.io/client-go/kubernetes/scheme does, for core/v1 alone.
-	metav1.AddToGroupVersion(Scheme, schema.GroupVersion{Version: "v1"})
-	utilruntime.Must(corev1.AddToScheme(Scheme))
+// NewScheme is a scheme with the meta/v1 types every group version uses
+// and the group version addToScheme adds, built as
+// k8s.io/client-go/kubernetes/scheme builds its own for every group: for a
+// client of one group (inplaced-installer's of apps/v1) that links no other.
+func NewScheme(addToScheme func(*runtime.Scheme) error) *runtime.Scheme {
+	s := runtime.NewScheme()
+	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
+	utilruntime.Must(addToScheme(s))
+	return s
 }
 
 // Interface is what inplaced does with the API server.

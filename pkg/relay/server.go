@@ -194,7 +194,9 @@ func (s *Server) Serve(lis net.Listener) error {
 	}
 }
 
-func (s *Server) stop() {
+// stop stops accepting and ends every session with end (GracefulStop's
+// GOAWAY, Stop's close).
+func (s *Server) stop(end func(*session)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.stopping {
@@ -204,17 +206,15 @@ func (s *Server) stop() {
 	for l := range s.listeners {
 		l.Close()
 	}
+	for sess := range s.sessions {
+		end(sess)
+	}
 }
 
 // GracefulStop stops accepting, tells every caller to open no new stream
 // (GOAWAY) and returns when their streams have ended.
 func (s *Server) GracefulStop() {
-	s.stop()
-	s.mu.Lock()
-	for sess := range s.sessions {
-		sess.goAway()
-	}
-	s.mu.Unlock()
+	s.stop((*session).goAway)
 	s.wg.Wait()
 	s.inner.GracefulStop()
 	s.innerL.Close()
@@ -223,12 +223,7 @@ func (s *Server) GracefulStop() {
 
 // Stop closes every connection at once.
 func (s *Server) Stop() {
-	s.stop()
-	s.mu.Lock()
-	for sess := range s.sessions {
-		sess.closeAsync()
-	}
-	s.mu.Unlock()
+	s.stop((*session).closeAsync)
 	s.inner.Stop()
 	s.innerL.Close()
 	s.releaseHandoffs()

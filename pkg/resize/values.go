@@ -58,22 +58,11 @@ func criResources(r *inplacedv1.Resources, period uint64) *runtimeapi.LinuxConta
 	return lr
 }
 
-// limitsCRI is the CRI form of l, for asking the runtime to put values back.
+// limitsCRI is the CRI form of l, for asking the runtime to put values back:
+// the values l sets, zero (CRI's "leave it") for the others.
 func limitsCRI(l resources.Limits) *runtimeapi.LinuxContainerResources {
-	lr := &runtimeapi.LinuxContainerResources{}
-	if l.CPUQuota != nil {
-		lr.CpuQuota = *l.CPUQuota
-	}
-	if l.CPUPeriod != nil {
-		lr.CpuPeriod = int64(*l.CPUPeriod)
-	}
-	if l.CPUShares != nil {
-		lr.CpuShares = int64(*l.CPUShares)
-	}
-	if l.MemoryLimit != nil {
-		lr.MemoryLimitInBytes = *l.MemoryLimit
-	}
-	return lr
+	v := targetValues(l, nil)
+	return &runtimeapi.LinuxContainerResources{CpuQuota: v.CpuQuota, CpuPeriod: v.CpuPeriod, CpuShares: v.CpuShares, MemoryLimitInBytes: v.MemoryLimitBytes}
 }
 
 // before returns, for each value want sets, what the container has now: the

@@ -44,40 +44,35 @@ func (m *Manager) readString(cg, file string) (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
-func (m *Manager) readUint(cg, file string) (uint64, error) {
+// readValue reads a cgroup file of one value and parses it; a value that
+// does not parse is an error that names the file.
+func readValue[T any](m *Manager, cg, file string, parse func(string) (T, error)) (T, error) {
+	var zero T
 	s, err := m.readString(cg, file)
 	if err != nil {
-		return 0, err
+		return zero, err
 	}
-	v, err := strconv.ParseUint(s, 10, 64)
+	v, err := parse(s)
 	if err != nil {
-		return 0, fmt.Errorf("parse %s: %w", m.filePath(cg, file), err)
+		return zero, fmt.Errorf("parse %s: %w", m.filePath(cg, file), err)
 	}
 	return v, nil
 }
 
+func (m *Manager) readUint(cg, file string) (uint64, error) {
+	return readValue(m, cg, file, func(s string) (uint64, error) { return strconv.ParseUint(s, 10, 64) })
+}
+
 func (m *Manager) readQuota(cg string) (int64, error) {
-	s, err := m.readString(cg, fileQuota)
+	q, err := readValue(m, cg, fileQuota, func(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) })
 	if err != nil {
 		return 0, err
-	}
-	q, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("parse %s: %w", m.filePath(cg, fileQuota), err)
 	}
 	return max(q, Unlimited), nil
 }
 
 func (m *Manager) readMemLimit(cg, file string) (int64, error) {
-	s, err := m.readString(cg, file)
-	if err != nil {
-		return 0, err
-	}
-	v, err := m.parseMemLimit(s)
-	if err != nil {
-		return 0, fmt.Errorf("parse %s: %w", m.filePath(cg, file), err)
-	}
-	return v, nil
+	return readValue(m, cg, file, m.parseMemLimit)
 }
 
 // parseMemLimit reads a memory limit the way both versions spell it: v2 "max",

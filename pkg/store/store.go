@@ -305,12 +305,24 @@ func (s *Store) putProto(bucket []byte, key string, m proto.Message) error {
 	return s.put(bucket, key, b)
 }
 
-func (s *Store) getProto(bucket []byte, key string, m proto.Message) error {
+// protoPtr is a pointer to a protobuf message type T, so that a generic
+// reader can make a new T to decode into.
+type protoPtr[T any] interface {
+	*T
+	proto.Message
+}
+
+// getProto reads the message at key of bucket.
+func getProto[T any, PT protoPtr[T]](s *Store, bucket []byte, key string) (PT, error) {
 	b, err := s.get(bucket, key)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return proto.Unmarshal(b, m)
+	m := PT(new(T))
+	if err := proto.Unmarshal(b, m); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // PutSandbox records the config a sandbox was created with.
@@ -320,11 +332,7 @@ func (s *Store) PutSandbox(id string, req *runtimeapi.RunPodSandboxRequest) erro
 
 // Sandbox returns a recorded sandbox config.
 func (s *Store) Sandbox(id string) (*runtimeapi.RunPodSandboxRequest, error) {
-	req := &runtimeapi.RunPodSandboxRequest{}
-	if err := s.getProto(bucketSandboxes, id, req); err != nil {
-		return nil, err
-	}
-	return req, nil
+	return getProto[runtimeapi.RunPodSandboxRequest](s, bucketSandboxes, id)
 }
 
 // DeleteSandbox drops a sandbox, the containers recorded in it and its
@@ -370,11 +378,7 @@ func (s *Store) PutContainer(id string, req *runtimeapi.CreateContainerRequest) 
 
 // Container returns a recorded container create request.
 func (s *Store) Container(id string) (*runtimeapi.CreateContainerRequest, error) {
-	req := &runtimeapi.CreateContainerRequest{}
-	if err := s.getProto(bucketContainers, id, req); err != nil {
-		return nil, err
-	}
-	return req, nil
+	return getProto[runtimeapi.CreateContainerRequest](s, bucketContainers, id)
 }
 
 // DeleteContainer drops a container's record.
@@ -514,10 +518,7 @@ func (s *Store) putHistory(bucket []byte, id string, m proto.Message) error {
 }
 
 // listHistory decodes every record of a history bucket, oldest first.
-func listHistory[T any, PT interface {
-	*T
-	proto.Message
-}](s *Store, bucket []byte, started func(PT) int64) ([]PT, error) {
+func listHistory[T any, PT protoPtr[T]](s *Store, bucket []byte, started func(PT) int64) ([]PT, error) {
 	var out []PT
 	err := s.each(bucket, func(k string, v []byte) error {
 		r := PT(new(T))
@@ -536,11 +537,7 @@ func (s *Store) PutSwap(r *inplacedv1.SwapRecord) error { return s.putHistory(bu
 
 // Swap returns one swap record.
 func (s *Store) Swap(id string) (*inplacedv1.SwapRecord, error) {
-	r := &inplacedv1.SwapRecord{}
-	if err := s.getProto(bucketSwaps, id, r); err != nil {
-		return nil, err
-	}
-	return r, nil
+	return getProto[inplacedv1.SwapRecord](s, bucketSwaps, id)
 }
 
 // Swaps lists swap records, oldest first.

@@ -1,4 +1,8 @@
-package hold
+// Package netns opens network namespaces and runs code inside one: the
+// connection hold (pkg/hold) creates its sockets and netfilter tables in
+// the pod's namespace, the takeover agent (pkg/takeover) reads a
+// per-namespace sysctl there.
+package netns
 
 import (
 	"fmt"
@@ -8,11 +12,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// inNetNS runs fn on a locked OS thread that has entered the network
-// namespace ns. Sockets created by fn belong to ns for their whole life.
-// If the thread cannot return to its own namespace it stays locked, and the
-// Go runtime discards it when the goroutine ends.
-func inNetNS(ns *os.File, fn func() error) error {
+// Run runs fn on a locked OS thread that has entered the network namespace
+// ns. Sockets created by fn belong to ns for their whole life. If the
+// thread cannot return to its own namespace it stays locked, and the Go
+// runtime discards it when the goroutine ends.
+func Run(ns *os.File, fn func() error) error {
 	runtime.LockOSThread()
 	self, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
@@ -32,9 +36,9 @@ func inNetNS(ns *os.File, fn func() error) error {
 	return ferr
 }
 
-// openNetNS opens a network namespace file (/proc/<pid>/ns/net or a bind
-// mount such as /var/run/netns/<name>) and checks that it is one.
-func openNetNS(path string) (*os.File, error) {
+// Open opens a network namespace file (/proc/<pid>/ns/net or a bind mount
+// such as /var/run/netns/<name>) and checks that it is one.
+func Open(path string) (*os.File, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("open network namespace: %w", err)
