@@ -18,11 +18,13 @@ import (
 // device dialling a pod IP with no Service in between. The test app answers
 // "<version> <the client's address as it sees it>".
 type Dialer struct {
-	mu   sync.Mutex
-	wg   sync.WaitGroup
-	all  []Dial
-	stop chan struct{}
-	done chan struct{}
+	every   time.Duration // how often a connection is opened
+	timeout time.Duration // each connection's handshake, and then its answer
+	mu      sync.Mutex
+	wg      sync.WaitGroup
+	all     []Dial
+	stop    chan struct{}
+	done    chan struct{}
 }
 
 // Dial is one connection of a Dialer.
@@ -37,12 +39,20 @@ type Dial struct {
 	Local   string // the client's own address
 }
 
-// StartDialer starts dialling addr until End.
+// StartDialer starts dialling addr until End; each connection gets 15 s to
+// connect and 15 s more for its answer.
 func StartDialer(addr string) *Dialer {
-	d := &Dialer{stop: make(chan struct{}), done: make(chan struct{})}
+	return StartDialerPaced(addr, 5*time.Millisecond, 15*time.Second)
+}
+
+// StartDialerPaced is StartDialer opening a connection every every, each
+// with timeout: an emulated node serves far fewer connections a second,
+// and holds far longer, than a real one.
+func StartDialerPaced(addr string, every, timeout time.Duration) *Dialer {
+	d := &Dialer{every: every, timeout: timeout, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(d.done)
-		tick := time.NewTicker(5 * time.Millisecond)
+		tick := time.NewTicker(d.every)
 		defer tick.Stop()
 		for {
 			select {
@@ -54,7 +64,7 @@ func StartDialer(addr string) *Dialer {
 			d.wg.Add(1)
 			go func() {
 				defer d.wg.Done()
-				a := dialOnce(addr)
+				a := dialOnce(addr, d.timeout)
 				d.mu.Lock()
 				d.all = append(d.all, a)
 				d.mu.Unlock()
@@ -64,13 +74,13 @@ func StartDialer(addr string) *Dialer {
 	return d
 }
 
-func dialOnce(addr string) Dial {
+func dialOnce(addr string, timeout time.Duration) Dial {
 	a := Dial{At: time.Now()}
-	c, err := net.DialTimeout("tcp", addr, 15*time.Second)
+	c, err := net.DialTimeout("tcp", addr, timeout)
 	a.Connect = time.Since(a.At)
 	if err == nil {
 		a.Local = c.LocalAddr().String()
-		_ = c.SetDeadline(time.Now().Add(15 * time.Second))
+		_ = c.SetDeadline(time.Now().Add(timeout))
 		if _, err = fmt.Fprintf(c, "GET /peer HTTP/1.0\r\n\r\n"); err == nil {
 			var b []byte
 			b, err = io.ReadAll(c)

@@ -294,6 +294,7 @@ type pod struct {
 	// request makes the pod Burstable: kubepods-burstable-pod<uid>.slice.
 	cpuReq, cpuLim, memReq, memLim string
 	readinessHTTP                  int
+	annotations                    map[string]string
 }
 
 const container = "app"
@@ -334,7 +335,7 @@ func (p pod) manifest() []byte {
 	}
 	m := map[string]any{
 		"apiVersion": "v1", "kind": "Pod",
-		"metadata": map[string]any{"name": p.name, "namespace": "default"},
+		"metadata": map[string]any{"name": p.name, "namespace": "default", "annotations": p.annotations},
 		"spec":     map[string]any{"containers": []any{c}, "terminationGracePeriodSeconds": 2, "enableServiceLinks": false},
 	}
 	b, _ := json.MarshalIndent(m, "", "  ")
