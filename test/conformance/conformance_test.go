@@ -47,6 +47,10 @@ const (
 	Direct    Mode = "direct"
 	Proxy     Mode = "proxy"      // inplaced --relay=router (the default)
 	ProxyGRPC Mode = "proxy-grpc" // inplaced --relay=grpc
+	// GRPCGo is no way to containerd but h2spec's measure of the
+	// fallback: grpc-go of this build as --relay=grpc configures its
+	// server, in process, answering every call itself.
+	GRPCGo Mode = "grpc-go"
 )
 
 // proxyModes are the ways through inplaced, each compared with Direct.

@@ -31,11 +31,13 @@ func TestH2specFakeBackend(t *testing.T) {
 	dir := t.TempDir()
 	beSock := serveGRPCGo(t, filepath.Join(dir, "be.sock"))
 	results := map[Mode]*Result{}
-	for _, m := range []Mode{Direct, Proxy, ProxyGRPC} {
+	for _, m := range []Mode{Direct, Proxy, ProxyGRPC, GRPCGo} {
 		var sock string
 		switch m {
 		case Direct:
 			sock = beSock
+		case GRPCGo:
+			sock = serveGRPCGo(t, filepath.Join(dir, "grpc-go.sock"), relay.FallbackLimits()...)
 		default:
 			sock = serveRelay(t, beSock, filepath.Join(dir, string(m)+".sock"), m == ProxyGRPC)
 		}
@@ -45,6 +47,14 @@ func TestH2specFakeBackend(t *testing.T) {
 	if r := results[Proxy]; len(r.Failed) > 0 || len(r.Skipped) > 0 {
 		t.Errorf("the router: %d failed, %d skipped; want every case passed", len(r.Failed), len(r.Skipped))
 	}
+}
+
+// runH2specGRPCGo is h2spec's result against grpc-go of this build as
+// --relay=grpc configures its server (GRPCGo).
+func runH2specGRPCGo(t *testing.T, bin string) *Result {
+	t.Helper()
+	sock := serveGRPCGo(t, filepath.Join(t.TempDir(), "grpc-go.sock"), relay.FallbackLimits()...)
+	return runH2specOn(t, bin, sock, "in-process", GRPCGo)
 }
 
 // runH2specOn runs h2spec against sock and logs the counts and failures.
@@ -60,11 +70,11 @@ func runH2specOn(t *testing.T, bin, sock, backend string, m Mode) *Result {
 	return res
 }
 
-// serveGRPCGo serves a grpc-go server on sock, answering every
+// serveGRPCGo serves a grpc-go server with opts on sock, answering every
 // call with an empty message.
-func serveGRPCGo(t *testing.T, sock string) string {
+func serveGRPCGo(t *testing.T, sock string, opts ...grpc.ServerOption) string {
 	t.Helper()
-	srv := grpc.NewServer(grpc.UnknownServiceHandler(answerEmpty), grpc.ForceServerCodec(rawCodec{}))
+	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.UnknownServiceHandler(answerEmpty), grpc.ForceServerCodec(rawCodec{})}, opts...)...)
 	lis, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
