@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -155,12 +156,18 @@ func (d *daemon) newEngine(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The takeover agent outlives every swap: closed after the engine's
+	// swaps have ended (closers run last first).
+	tk := newTaker(d.cfg.EffectiveTakeoverSocket(), d.log.Named("takeover"))
+	d.onClose(tk.close)
+	go tk.serve()
 	d.engine, err = swap.New(swap.Options{
 		Runtime: d.rt, Images: d.images,
 		Store: d.st, Fences: d.fences, Kubelet: d.view, Logger: d.log.Named("swap"), HealthMinRuntime: d.cfg.HealthMinRuntime.D(),
 		Observer: d.obs.swap, Puller: d.puller, Classes: classes,
 		Holder: holder{oneBatch: os.Getenv(HoldOneBatchEnv) == "1"}, ConnectionHold: d.cfg.ConnectionHold, HoldMax: d.cfg.HoldMax.D(),
 		ListenersOptional: !d.cfg.RequireListeners,
+		SwapStrategy:      d.cfg.SwapStrategy, Taker: tk, ProfileDir: filepath.Join(d.cfg.StateDir, "seccomp"),
 		// The keeper is made just below, from the engine; swaps start only
 		// once both are, when serving.
 		Ready: func() error { return d.keeper.refusal() }, Admission: d.kslot.Admit, OnSwap: d.kslot.Report,
