@@ -4,7 +4,7 @@
 //
 // It prints its version, serves HTTP on -listen (GET /version, GET /healthz,
 // GET /peer: version and the client's address, and 200 for any other GET) and otherwise waits; SIGTERM or SIGINT make it exit
-// 0. -exit N makes it print its version and exit at once with code N (the Crash
+// 0 after a graceful shutdown (with -drain, it first stops accepting and serves what it accepted for that long). -exit N makes it print its version and exit at once with code N (the Crash
 // image uses -exit 3). With -listen "" it only waits; as PID 1 it reaps
 // orphaned children (the Pause image runs it as /pause -listen=).
 //
@@ -66,6 +66,7 @@ func run(args []string) int {
 	fs.IntVar(&sh.backlog, "backlog", 0, "listen backlog (0: the system's)")
 	fs.BoolVar(&sh.serial, "serial", false, "serve one connection at a time, 1 ms of work each (busybox httpd, Python's http.server)")
 	fs.DurationVar(&sh.listenDelay, "listen-delay", 0, "wait this long before listening")
+	drain := fs.Duration("drain", 0, "on SIGTERM, stop accepting (close the listeners) and serve the connections already accepted this long before the graceful shutdown: Go's Shutdown drops unanswered a request it reads after it began")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -144,6 +145,12 @@ func run(args []string) int {
 	case <-ctx.Done():
 	}
 	fmt.Println("app: signal received, exiting")
+	if *drain > 0 {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+		time.Sleep(*drain)
+	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -1,0 +1,529 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/inplaced/inplaced/test/harness"
+)
+
+// overlapRecord is what the overlap e2e reads of a swap record
+// (inplacectl -o json).
+type overlapRecord struct {
+	State          string `json:"state"`
+	Error          string `json:"error"`
+	Strategy       string `json:"strategy"`
+	StrategyWhy    string `json:"strategy_why"`
+	OldContainerID string `json:"old_container_id"`
+	NewContainerID string `json:"new_container_id"`
+	Running        string `json:"running_container_id"`
+	Started        string `json:"started_unix_nano"`
+	Finished       string `json:"finished_unix_nano"`
+	Takeover       *struct {
+		Ports      []uint32 `json:"ports"`
+		HandedOver []uint32 `json:"handed_over"`
+		HandoverNs string   `json:"handover_ns"`
+		FellBack   bool     `json:"fell_back"`
+	} `json:"takeover"`
+	Hold  *holdRecord `json:"hold"`
+	Steps []struct {
+		Name     string `json:"name"`
+		Started  string `json:"started_unix_nano"`
+		Duration string `json:"duration_ns"`
+		Error    string `json:"error"`
+	} `json:"steps"`
+}
+
+func parseOverlap(t *testing.T, out string) overlapRecord {
+	t.Helper()
+	i := strings.Index(out, "{")
+	if i < 0 {
+		t.Fatalf("no JSON record in output:\n%s", out)
+	}
+	var r overlapRecord
+	if err := json.Unmarshal([]byte(out[i:]), &r); err != nil {
+		t.Fatalf("decode record: %v\n%s", err, out)
+	}
+	return r
+}
+
+func unixNano(s string) time.Time {
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return time.Unix(0, n)
+}
+
+// step is when the record's step name started, and how long it took.
+func (r overlapRecord) step(name string) (time.Time, time.Duration, bool) {
+	for _, s := range r.Steps {
+		if s.Name == name {
+			d, _ := strconv.ParseInt(s.Duration, 10, 64)
+			return unixNano(s.Started), time.Duration(d), true
+		}
+	}
+	return time.Time{}, 0, false
+}
+
+// keepAlive is 20 clients, each on a keep-alive HTTP/1.1 connection
+// sending GET /peer every 50 ms. A request whose connection the server
+// closed before any byte of the answer is sent again once on a new
+// connection, as HTTP clients do for idempotent requests (Go's Transport,
+// browsers; RFC 9110 9.2.2); a request that gets no answer then failed.
+type keepAlive struct {
+	addr string
+	stop chan struct{}
+	wg   sync.WaitGroup
+
+	mu     sync.Mutex
+	ok     int
+	failed []string
+	retry  int
+	closes []kaClose
+	vers   map[string]int
+}
+
+// kaClose is a connection the server ended: when the client saw it end,
+// and whether it was reset rather than closed.
+type kaClose struct {
+	at    time.Time
+	reset bool
+	last  string // the version that answered its last request
+}
+
+func startKeepAlive(addr string, n int) *keepAlive {
+	k := &keepAlive{addr: addr, stop: make(chan struct{}), vers: map[string]int{}}
+	for range n {
+		k.wg.Add(1)
+		go func() {
+			defer k.wg.Done()
+			k.client()
+		}()
+	}
+	return k
+}
+
+// client keeps one connection at a time, sending a request every 50 ms.
+func (k *keepAlive) client() {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	var c *kaConn
+	defer func() {
+		if c != nil {
+			c.close()
+		}
+	}()
+	for {
+		select {
+		case <-k.stop:
+			return
+		case <-tick.C:
+		}
+		if c != nil && !c.endAt().IsZero() {
+			// The server ended the idle connection: a new one, as a
+			// client's pool does.
+			k.closed(c, nil)
+			c.close()
+			c = nil
+		}
+		var ok bool
+		for attempt := 0; attempt < 2 && !ok; attempt++ {
+			if c == nil {
+				var err error
+				if c, err = k.dial(); err != nil {
+					k.fail(fmt.Sprintf("dial: %v", err))
+					break
+				}
+			}
+			v, err := c.get()
+			switch {
+			case err == nil:
+				ok = true
+				k.answered(v)
+			case c.served > 0 && c.emptyClose:
+				// The server ended an idle connection as the request went:
+				// sent again on a new one.
+				k.closed(c, err)
+				c.close()
+				c = nil
+				if attempt == 0 {
+					k.mu.Lock()
+					k.retry++
+					k.mu.Unlock()
+					continue
+				}
+				k.fail(fmt.Sprintf("request again on a new connection: %v", err))
+			default:
+				k.closed(c, err)
+				k.fail(fmt.Sprintf("request: %v", err))
+				c.close()
+				c = nil
+				attempt = 2
+			}
+		}
+	}
+}
+
+func (k *keepAlive) dial() (*kaConn, error) {
+	nc, err := net.DialTimeout("tcp", k.addr, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	c := &kaConn{c: nc, br: bufio.NewReader(nc), done: make(chan struct{})}
+	go c.watch()
+	return c, nil
+}
+
+func (k *keepAlive) answered(v string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.ok++
+	k.vers[v]++
+}
+
+func (k *keepAlive) fail(why string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.failed = append(k.failed, time.Now().Format("15:04:05.000")+" "+why)
+}
+
+func (k *keepAlive) closed(c *kaConn, err error) {
+	at := c.endAt()
+	if at.IsZero() {
+		at = time.Now()
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.closes = append(k.closes, kaClose{at: at, reset: errors.Is(err, syscall.ECONNRESET) || c.reset, last: c.last})
+}
+
+// end stops the clients; the connections still open are closed by the
+// client, not counted.
+func (k *keepAlive) end() {
+	close(k.stop)
+	k.wg.Wait()
+}
+
+// kaConn is one keep-alive connection. watch reads it while it is idle, so
+// that the moment the server ends it is known to the millisecond.
+type kaConn struct {
+	c      net.Conn
+	br     *bufio.Reader
+	served int
+	last   string
+
+	mu         sync.Mutex
+	busy       bool      // a request is under way: watch does not read
+	ended      time.Time // when watch saw the server end it
+	reset      bool
+	emptyClose bool // the server ended it before any byte of an answer
+	done       chan struct{}
+	idle       sync.Mutex // held by watch while it peeks
+}
+
+// watch peeks at the idle connection: an idle keep-alive connection gets
+// no byte unless the server ends it.
+func (c *kaConn) watch() {
+	defer close(c.done)
+	for {
+		c.idle.Lock()
+		_ = c.c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		_, err := c.br.Peek(1)
+		c.idle.Unlock()
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			time.Sleep(time.Millisecond) // let a request take the connection
+			continue
+		}
+		c.mu.Lock()
+		if c.ended.IsZero() && err != nil {
+			c.ended, c.reset = time.Now(), errors.Is(err, syscall.ECONNRESET)
+		}
+		c.mu.Unlock()
+		return
+	}
+}
+
+func (c *kaConn) endAt() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ended
+}
+
+// get sends GET /peer and reads the answer: "<version> <client address>".
+func (c *kaConn) get() (string, error) {
+	c.idle.Lock()
+	defer c.idle.Unlock()
+	c.emptyClose = false
+	_ = c.c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c.c, "GET /peer HTTP/1.1\r\nHost: app\r\n\r\n"); err != nil {
+		c.emptyClose = true
+		return "", err
+	}
+	if _, err := c.br.Peek(1); err != nil {
+		c.emptyClose = !errors.Is(err, os.ErrDeadlineExceeded)
+		return "", err
+	}
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil {
+		return "", err
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return "", err
+	}
+	v, _, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+	c.served++
+	c.last = v
+	if resp.Close {
+		return v, errors.New("the server asked to close the connection")
+	}
+	return v, nil
+}
+
+func (c *kaConn) close() {
+	c.c.Close()
+	<-c.done
+}
+
+// TestOverlap: an overlap swap v1 → v2 of the test app (a Go server that
+// drains on SIGTERM), node-local, under a client opening a new connection
+// every 5 ms and 20 keep-alive clients sending a request every 50 ms each:
+// nothing refused, reset or timed out, no request failed, the slowest new
+// connection during the swap within 5 ms of the slowest in as long a time
+// before it, no keep-alive connection ended by the server before the old
+// process was asked to stop (it then drains them itself, and exits on its
+// own), and v2 answers everything after. Then a new image that fails its
+// health gate: rolled back by removing the new container, the old one
+// never stopped, no request failed. Then a new image that never binds the
+// port within the deadline: the swap falls back to stop-first with the
+// connection hold, nothing refused, and the record says why.
+func TestOverlap(t *testing.T) {
+	requireNft(t)
+	forEachBackend(t, func(t *testing.T, c *harness.Containerd) {
+		e := newEnv(t, c)
+		t.Run("commit", func(t *testing.T) { overlapCommit(t, e) })
+		t.Run("health gate fails", func(t *testing.T) { overlapGateFails(t, e) })
+		t.Run("never binds", func(t *testing.T) { overlapNeverBinds(t, e) })
+	})
+}
+
+var overlapAnnotation = map[string]string{"inplaced.io/swap-strategy": "overlap"}
+
+// overlapArgs make the test app drain on SIGTERM: it stops accepting,
+// answers what it accepted for 300 ms, then shuts down gracefully. (Go's
+// http.Server.Shutdown alone drops, unanswered, a request it reads after
+// it began: a connection accepted just before the SIGTERM would fail, with
+// any strategy.)
+var overlapArgs = []string{"-drain=300ms"}
+
+// overlapRun is a pod under the two clients.
+type overlapRun struct {
+	p     *pod
+	addr  string
+	dial  *harness.Dialer
+	ka    *keepAlive
+	start time.Time
+}
+
+func startOverlapRun(t *testing.T, e *env, name string, annotations map[string]string) *overlapRun {
+	p := runPod(t, e.cri, name, e.imgs.App1, podOpts{annotations: annotations, grace: 10, args: overlapArgs})
+	sb, _ := sandboxInfo(t, e.cri, p.sandboxID)
+	addr := net.JoinHostPort(sb.GetNetwork().GetIp(), "8080")
+	eventually(t, 20*time.Second, "v1 answering", func() error { _, err := httpGet("http://" + addr + "/version"); return err })
+	o := &overlapRun{p: p, addr: addr, dial: harness.StartDialer(addr), ka: startKeepAlive(addr, 20), start: time.Now()}
+	time.Sleep(4 * time.Second) // the time before the swap the slowest connection is compared with
+	return o
+}
+
+// end stops the clients and checks what every test of the overlap
+// requires of them: nothing refused, reset or timed out, no request
+// failed; it returns the new connections for the caller's checks.
+func (o *overlapRun) end(t *testing.T) ([]harness.Dial, harness.DialTally) {
+	t.Helper()
+	dials := o.dial.End()
+	o.ka.end()
+	s := harness.TallyDials(t, dials)
+	t.Logf("new connections: %d %+v; keep-alive: %d answered %v, %d sent again after an idle close, %d ended by the server, %d failed",
+		len(dials), s, o.ka.ok, o.ka.vers, o.ka.retry, len(o.ka.closes), len(o.ka.failed))
+	if s.Failed() > 0 {
+		t.Errorf("new connections: %d refused, %d reset, %d timed out, %d other failures", s.Refused, s.Reset, s.Timeout, s.Other)
+	}
+	for i, f := range o.ka.failed {
+		if i < 10 {
+			t.Errorf("keep-alive request failed: %s", f)
+		}
+	}
+	resets := 0
+	for _, c := range o.ka.closes {
+		if c.reset {
+			resets++
+		}
+	}
+	// A server that closes an idle connection as a request arrives resets
+	// it (Go's http.Server in its drain): logged, the request sent again.
+	t.Logf("keep-alive connections ended by a reset: %d", resets)
+	return dials, s
+}
+
+// slowest is the slowest handshake of the connections begun in [from, to).
+func slowest(ds []harness.Dial, from, to time.Time) (time.Duration, int) {
+	var m time.Duration
+	n := 0
+	for _, d := range ds {
+		if d.Err == nil && !d.At.Before(from) && d.At.Before(to) {
+			m = max(m, d.Connect)
+			n++
+		}
+	}
+	return m, n
+}
+
+func overlapCommit(t *testing.T, e *env) {
+	o := startOverlapRun(t, e, "overlap-commit", overlapAnnotation)
+	out, err := e.px.Ctl("swap", o.p.name, "-c", "app", "-o", "json", "--image", e.imgs.App2)
+	r := parseOverlap(t, out)
+	time.Sleep(500 * time.Millisecond)
+	dials, s := o.end(t)
+	if err != nil || r.State != "SWAP_STATE_COMMITTED" || r.Strategy != "overlap" || r.Takeover == nil ||
+		fmt.Sprint(r.Takeover.HandedOver) != "[8080]" || r.Takeover.FellBack {
+		t.Fatalf("swap: %v; record %s %s, strategy %s (%s), takeover %+v; want committed, overlap, 8080 handed over",
+			err, r.State, r.Error, r.Strategy, r.StrategyWhy, r.Takeover)
+	}
+	if r.Hold != nil && r.Hold.Mode != "off" {
+		t.Errorf("an overlap swap held connections: %+v", *r.Hold)
+	}
+	// The slowest new connection while the swap ran, against as long a
+	// time before it.
+	start, end := unixNano(r.Started), unixNano(r.Finished)
+	during, nd := slowest(dials, start, end)
+	before, nb := slowest(dials, start.Add(-end.Sub(start)), start)
+	if from := o.start.Add(300 * time.Millisecond); start.Add(-end.Sub(start)).Before(from) {
+		before, nb = slowest(dials, from, start)
+	}
+	t.Logf("swap %s; slowest new connection during it %s (%d), before it %s (%d); handover in %s ns", end.Sub(start).Round(time.Millisecond),
+		during, nd, before, nb, r.Takeover.HandoverNs)
+	if during > before+5*time.Millisecond {
+		t.Errorf("slowest new connection during the swap %s, before it %s: more than 5 ms slower", during, before)
+	}
+	// Keep-alive connections end only in the old process's drain, which
+	// begins with the stop.
+	stopAt, stopTook, ok := r.step("stop-old")
+	if !ok {
+		t.Fatalf("no stop-old step in the record")
+	}
+	for _, c := range o.ka.closes {
+		if c.at.Before(stopAt) {
+			t.Errorf("keep-alive connection (last answered by %s) ended by the server at %s, before the old container was asked to stop (%s)",
+				c.last, c.at.Format("15:04:05.000"), stopAt.Format("15:04:05.000"))
+		}
+	}
+	// The old process exited on its own: 0, well within the grace period.
+	// Asked of containerd itself: inplaced shows kubelet the old container
+	// as it was for a while after the stop.
+	st, _ := containerInfo(t, e.direct, r.OldContainerID)
+	if st.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED || st.GetExitCode() != 0 || stopTook > 5*time.Second {
+		t.Errorf("old container %s exit %d after a %s stop: want it to exit 0 on its own", st.GetState(), st.GetExitCode(), stopTook)
+	}
+	// After the swap, v2 answers everything.
+	var after []harness.Dial
+	for _, d := range dials {
+		if d.At.After(end) {
+			after = append(after, d)
+		}
+	}
+	sa := harness.TallyDials(t, after)
+	if sa.ByVersion["v1"] > 0 || sa.ByVersion["v2"] == 0 || s.ByVersion["v1"] == 0 {
+		t.Errorf("answers after the swap %v (all %v): want v2 only after, v1 before", sa.ByVersion, s.ByVersion)
+	}
+	for range 5 {
+		if v, err := httpGet("http://" + o.addr + "/version"); err != nil || strings.TrimSpace(v) != "v2" {
+			t.Errorf("after the swap: %q, %v; want v2", v, err)
+		}
+	}
+	checkNoProfileLeft(t, e)
+}
+
+func overlapGateFails(t *testing.T, e *env) {
+	o := startOverlapRun(t, e, "overlap-gate", overlapAnnotation)
+	out, _ := e.px.Ctl("swap", o.p.name, "-c", "app", "-o", "json", "--image", e.imgs.App2, "--health-exec", "false", "--health-timeout", "2s")
+	r := parseOverlap(t, out)
+	time.Sleep(500 * time.Millisecond)
+	dials, s := o.end(t)
+	t.Logf("record %s: %s; strategy %s", r.State, r.Error, r.Strategy)
+	if r.State != "SWAP_STATE_FAILED" || r.Strategy != "overlap" || r.Running != r.OldContainerID {
+		t.Fatalf("record %s %s, strategy %s, running %s: want failed, overlap, the old container %s running", r.State, r.Error, r.Strategy,
+			r.Running, r.OldContainerID)
+	}
+	if _, _, stopped := r.step("stop-old"); stopped {
+		t.Errorf("the old container was stopped")
+	}
+	st, _ := containerInfo(t, e.direct, r.OldContainerID)
+	if st.GetState() != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Errorf("old container %s, want running", st.GetState())
+	}
+	for _, c := range o.p.containers(t, e.direct) {
+		if c.Id == r.NewContainerID {
+			t.Errorf("the new container %s is still there (%s)", c.Id, c.State)
+		}
+	}
+	if s.ByVersion["v1"] == 0 {
+		t.Errorf("answers %v", s.ByVersion)
+	}
+	_ = dials
+	if v, err := httpGet("http://" + o.addr + "/version"); err != nil || strings.TrimSpace(v) != "v1" {
+		t.Errorf("after the rollback: %q, %v; want v1", v, err)
+	}
+	checkNoProfileLeft(t, e)
+}
+
+func overlapNeverBinds(t *testing.T, e *env) {
+	ann := map[string]string{"inplaced.io/swap-strategy": "overlap", "inplaced.io/hold-max": "3s"}
+	o := startOverlapRun(t, e, "overlap-late", ann)
+	// v2 listens 4.5 s after it starts: after the handover's deadline (3 s),
+	// within the hold's limit from the fallback's hold on.
+	out, err := e.px.Ctl("swap", o.p.name, "-c", "app", "-o", "json", "--image", e.imgs.App2, "--args", "-listen-delay=4500ms", "--args", overlapArgs[0])
+	r := parseOverlap(t, out)
+	time.Sleep(500 * time.Millisecond)
+	_, s := o.end(t)
+	t.Logf("record %s %s: strategy %s (%s), takeover %+v, hold %+v", r.State, r.Error, r.Strategy, r.StrategyWhy, r.Takeover, r.Hold)
+	if err != nil || r.State != "SWAP_STATE_COMMITTED" || r.Strategy != "stop-first" || r.Takeover == nil || !r.Takeover.FellBack ||
+		!strings.Contains(r.StrategyWhy, "did not bind port 8080 within 3s") {
+		t.Fatalf("swap %v: record %s %s, strategy %s (%s); want committed after falling back to stop-first, saying why", err, r.State, r.Error,
+			r.Strategy, r.StrategyWhy)
+	}
+	if r.Hold == nil || r.Hold.Mode != "queue" || r.Hold.Reason != "listening" {
+		t.Errorf("hold %+v: want the fallback's queue, released when v2 listened", r.Hold)
+	}
+	if s.ByVersion["v2"] == 0 {
+		t.Errorf("answers %v: want v2 at the end", s.ByVersion)
+	}
+	checkNoProfileLeft(t, e)
+}
+
+// checkNoProfileLeft: no swap's seccomp profile outlives it.
+func checkNoProfileLeft(t *testing.T, e *env) {
+	t.Helper()
+	dir := e.px.Dir + "/state/seccomp"
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Errorf("profile dir: %v", err)
+		return
+	}
+	for _, en := range ents {
+		t.Errorf("%s/%s outlived its swap", dir, en.Name())
+	}
+}
