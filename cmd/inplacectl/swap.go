@@ -255,6 +255,9 @@ func followSwap(stream eventStream, output string, w io.Writer) error {
 		fmt.Fprintf(w, "  old container %s, new %s, running %s\n", final.OldContainerId, final.NewContainerId, final.RunningContainerId)
 		fmt.Fprintf(w, "  sandbox %s (runtime handler %s): %s\n", shortID(final.SandboxId), handlerText(final.RuntimeHandler), keptText(final.SandboxKept))
 		fmt.Fprintf(w, "  downtime: %s\n", time.Duration(final.DowntimeNs).Round(time.Microsecond))
+		if st := final.StrategySummary(); st != "" {
+			fmt.Fprintf(w, "  strategy: %s\n", st)
+		}
 		if h := final.Hold; h != nil {
 			fmt.Fprintf(w, "  connections: %s\n", h.Summary())
 		}
@@ -339,6 +342,9 @@ func printSwaps(w io.Writer, output string, swaps []*inplacedv1.SwapRecord) erro
 		}
 		if s.Handoff != "" {
 			fmt.Fprintf(w, "    kubelet: %s\n", s.Handoff)
+		}
+		if st := s.StrategySummary(); st != "" {
+			fmt.Fprintf(w, "    strategy: %s\n", st)
 		}
 		if s.Hold != nil {
 			fmt.Fprintf(w, "    connections: %s\n", s.Hold.Summary())
