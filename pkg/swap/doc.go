@@ -25,8 +25,12 @@
 //		pull → create-new → start-new → handover → [post-start] → health-gate → [pre-stop] → stop-old → commit
 //	request on the pod, overlap:
 //		pull → create-new → start-new → handover → [post-start] → health-gate → [drain] → [pre-stop] → stop-old → commit
+//	kubelet-driven, overlap:
+//		pull → create-new → start-new → handover → stop-old → commit
 //	overlap, after a handover that did not complete:
 //		[drain] → [pre-stop] → [hold] → stop-old → health-gate → commit
+//	kubelet-driven overlap, after a handover that did not complete:
+//		[hold] → stop-old → commit
 //	any failure after stop-old (not kubelet-driven):
 //		rollback
 //

@@ -1,6 +1,7 @@
 package swap
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -206,5 +207,50 @@ func TestStartRefusesABadStrategy(t *testing.T) {
 	}
 	if n := e.count("CreateContainer"); n != 1 {
 		t.Errorf("%d creates: want only the test's own", n)
+	}
+}
+
+// A kubelet-driven swap of a pod that asks for overlap: after kubelet's
+// StopContainer, the new container is started while the old one runs,
+// takes the port over, and only then is the old one stopped; kubelet's
+// stop is answered with the old container stopped and the new one for its
+// create.
+func TestPrepareProceedOverlap(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		answer   []TakeoverEvent
+		strategy string
+		steps    string
+	}{
+		{"handed over", []TakeoverEvent{{HandedOver: true, Port: 8080}}, "overlap", "pull,create-new,start-new,handover,stop-old,commit"},
+		{"never bound: falls back", nil, "stop-first", "pull,create-new,start-new,handover!,hold,stop-old,commit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, f, _, oldID := overlapEnv(t, tc.answer...)
+			p, err := e.eng.Prepare(context.Background(), KubeletChange{ContainerID: oldID, Image: "registry.local/app:v2", Hash: newHash})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitClosed(t, p.Pulled(), "pull")
+			res, err := p.Proceed(context.Background(), 7)
+			if err != nil || res.Err != nil || !res.Stopped || res.NewID == "" {
+				t.Fatalf("proceed: %+v %v", res, err)
+			}
+			rec, err := e.st.Swap(res.SwapID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.State != inplacedv1.SwapState_SWAP_STATE_COMMITTED || rec.Strategy != tc.strategy || stepNames(rec) != tc.steps {
+				t.Fatalf("record %s (%s), strategy %s (%s), steps %s; want %s, %s", rec.State, rec.Error, rec.Strategy, rec.StrategyWhy,
+					stepNames(rec), tc.strategy, tc.steps)
+			}
+			if st := e.be.Container(oldID); st.State != runtimeapi.ContainerState_CONTAINER_EXITED {
+				t.Errorf("old container %s", st.State)
+			}
+			if res.NewRequest.Config.GetLinux().GetSecurityContext().GetSeccomp().GetProfileType() == runtimeapi.SecurityProfile_Localhost {
+				t.Errorf("kubelet's create is answered with the trap's profile, whose file is gone")
+			}
+			f.checkEnded(t, rec)
+		})
 	}
 }

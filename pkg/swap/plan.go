@@ -125,7 +125,7 @@ type planSpec struct {
 // names would fight kubelet; it runs no preStop (kubelet already ran it).
 func planFor(s planSpec) []step {
 	kube := s.kind == KindKubelet
-	if s.overlap && !kube {
+	if s.overlap {
 		return overlapPlan(s)
 	}
 	afterStop, pullFailed := undoRollback, "pull failed, old container untouched"
@@ -191,32 +191,57 @@ const (
 
 // overlapPlan is the plan of an overlap swap: the new container is created
 // with the bind trap and started while the old one runs, takes over the old
-// one's listening sockets (handover) and proves healthy with both running;
+// one's listening sockets (handover) and, unless kubelet drives the swap
+// (its probes judge the spec's image), proves healthy with both running;
 // only then is the old one stopped, draining what it accepted. Until the
 // stop every undo removes the new container: the old one never stopped
-// accepting. Nothing is journaled between start-new (StepOverlap) and the
-// stop: recovery from there removes the new container. A handover that
-// cannot complete goes on with fallbackPlan.
+// accepting (kubelet's waiting stop then goes ahead as it asked). Nothing
+// is journaled between start-new (StepOverlap) and the stop: recovery from
+// there removes the new container. A handover that cannot complete goes on
+// with fallbackPlan.
 func overlapPlan(s planSpec) []step {
+	kube := s.kind == KindKubelet
+	plan := overlapHead(s)
+	plan = append(plan,
+		step{name: StepCreateNew, journal: store.StepCreateNew, do: actCreateTrapped, undo: undoRemoveNew, failure: "create new container"},
+		step{name: StepStartNew, journal: store.StepOverlap, do: actStartOverlap, undo: undoRemoveNew, failure: "start new container"},
+		step{name: StepHandover, do: actHandover, undo: undoRemoveNew, failure: "handover"})
+	if !kube {
+		if s.postStart {
+			plan = append(plan, step{name: StepPostStart, do: actPostStart, undo: undoRemoveNew, failure: "postStart hook"})
+		}
+		plan = append(plan, step{name: StepHealthGate, do: actHealthGate, undo: undoRemoveNew, failure: "health gate"})
+		plan = append(plan, beforeStop(s)...)
+	}
+	stop, commit := stopAndCommit(s.kind)
+	stop.aborted = abortedBeforeStop
+	return append(plan, stop, commit)
+}
+
+// overlapHead is an overlap's pull and config: a kubelet-driven one pulls
+// before kubelet's StopContainer and waits for it, as a stop-first one does.
+func overlapHead(s planSpec) []step {
+	const pullFailed = "pull failed, old container untouched"
+	if s.kind == KindKubelet {
+		return []step{{name: StepPull, do: actPullKubelet, failure: pullFailed}, {do: actProceed},
+			{journal: store.StepPrepared, do: actKubeletConfig}}
+	}
 	config := actConfig
 	if s.specHash {
 		config = actConfigSpec
 	}
-	plan := []step{
-		{name: StepPull, journal: store.StepPrepared, do: actPull, failure: "pull failed, old container untouched"},
-		{do: config},
-		{name: StepCreateNew, journal: store.StepCreateNew, do: actCreateTrapped, undo: undoRemoveNew, failure: "create new container"},
-		{name: StepStartNew, journal: store.StepOverlap, do: actStartOverlap, undo: undoRemoveNew, failure: "start new container"},
-		{name: StepHandover, do: actHandover, undo: undoRemoveNew, failure: "handover"},
+	return []step{{name: StepPull, journal: store.StepPrepared, do: actPull, failure: pullFailed}, {do: config}}
+}
+
+// stopAndCommit are the stop of the old container and the commit of an
+// overlap swap of kind, and of its fallback.
+func stopAndCommit(kind string) (stop, commit step) {
+	if kind == KindKubelet {
+		return step{name: StepStopOld, journal: store.StepStopOld, do: actStopOldKube, undo: undoStepAside, failure: "stop old container"},
+			step{name: StepCommit, do: actCommitKubelet, undo: undoStepAside, optional: true}
 	}
-	if s.postStart {
-		plan = append(plan, step{name: StepPostStart, do: actPostStart, undo: undoRemoveNew, failure: "postStart hook"})
-	}
-	plan = append(plan, step{name: StepHealthGate, do: actHealthGate, undo: undoRemoveNew, failure: "health gate"})
-	plan = append(plan, beforeStop(s)...)
-	return append(plan,
-		step{name: StepStopOld, journal: store.StepStopOld, do: actStopOld, undo: undoRollback, failure: "stop old container", aborted: abortedBeforeStop},
-		step{name: StepCommit, do: actCommit, undo: undoRollback, optional: true})
+	return step{name: StepStopOld, journal: store.StepStopOld, do: actStopOld, undo: undoRollback, failure: "stop old container"},
+		step{name: StepCommit, do: actCommit, undo: undoRollback, optional: true}
 }
 
 // beforeStop are the optional steps before an overlap's stop of the old
@@ -228,7 +253,7 @@ func beforeStop(s planSpec) []step {
 	if s.drain {
 		plan = append(plan, step{name: StepDrain, do: actDrain, undo: undoRemoveNew, optional: true})
 	}
-	if s.preStop {
+	if s.preStop && s.kind != KindKubelet {
 		plan = append(plan, step{name: StepPreStop, do: actPreStop, undo: undoRemoveNew, optional: true})
 	}
 	return plan
@@ -245,11 +270,13 @@ func fallbackPlan(s planSpec) []step {
 	if s.hold {
 		connHold.name, connHold.do, connHold.optional = StepConnectionHold, actHoldConnections, true
 	}
-	return append(plan, connHold,
-		step{name: StepStopOld, journal: store.StepStopOld, do: actStopOld, undo: undoRollback, failure: "stop old container"},
-		step{name: StepHealthGate, journal: store.StepHealthGate, do: actHealthGate, undo: undoRollback, failure: "health gate",
-			aborted: abortedAfterStop},
-		step{name: StepCommit, do: actCommit, undo: undoRollback, optional: true})
+	stop, commit := stopAndCommit(s.kind)
+	plan = append(plan, connHold, stop)
+	if s.kind != KindKubelet {
+		plan = append(plan, step{name: StepHealthGate, journal: store.StepHealthGate, do: actHealthGate, undo: undoRollback,
+			failure: "health gate", aborted: abortedAfterStop})
+	}
+	return append(plan, commit)
 }
 
 // rollbackPlan is the plan of undoRollback: one step, journaled, that
@@ -272,6 +299,7 @@ var planKinds = []struct {
 	{"kubelet-driven (pod spec image)", planSpec{kind: KindKubelet, hold: true}},
 	{"node-local, overlap (inplaced.io/swap-strategy: overlap)", planSpec{kind: KindSwap, preStop: true, hold: true, postStart: true, overlap: true}},
 	{"request on the pod, overlap", planSpec{kind: KindSwap, drain: true, specHash: true, preStop: true, hold: true, postStart: true, overlap: true}},
+	{"kubelet-driven, overlap", planSpec{kind: KindKubelet, hold: true, overlap: true}},
 }
 
 // names lists a plan's shown steps, in brackets those the minimal plan
@@ -304,6 +332,7 @@ func renderPlans() string {
 		b.WriteString("\t" + k.name + ":\n\t\t" + names(planFor(k.spec), planFor(minimal)) + "\n")
 	}
 	b.WriteString("\toverlap, after a handover that did not complete:\n\t\t" + names(fallbackPlan(planSpec{kind: KindSwap, drain: true, preStop: true, hold: true}), fallbackPlan(planSpec{kind: KindSwap})) + "\n")
+	b.WriteString("\tkubelet-driven overlap, after a handover that did not complete:\n\t\t" + names(fallbackPlan(planSpec{kind: KindKubelet, hold: true}), fallbackPlan(planSpec{kind: KindKubelet})) + "\n")
 	b.WriteString("\tany failure after stop-old (not kubelet-driven):\n\t\t" + rollbackPlan()[0].name + "\n")
 	return b.String()
 }

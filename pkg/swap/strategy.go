@@ -51,7 +51,7 @@ func decideStrategy(in strategyInput) (strategy.Strategy, string) {
 	if asked != strategy.Overlap {
 		return asked, from
 	}
-	if why := overlapBlocker(in.kind, in.class, in.handler, in.agent, in.config); why != "" {
+	if why := overlapBlocker(in.class, in.handler, in.agent, in.config); why != "" {
 		return strategy.StopFirst, notPossible(from, why)
 	}
 	return asked, from
@@ -64,17 +64,15 @@ func notPossible(from, why string) string {
 }
 
 // overlapBlocker says why a swap asked to overlap cannot, from what is
-// known without asking the runtime: the kind of swap, the runtime class
+// known without asking the runtime: the runtime class
 // (the trap is a seccomp filter of the host kernel: a runtime whose
 // containers' syscalls never reach it cannot be trapped), the agent, and
 // the container's privileges. "" when nothing stands in the way.
-func overlapBlocker(kind string, class runtimeclass.Class, handler string, agent string, cfg *runtimeapi.ContainerConfig) string {
+func overlapBlocker(class runtimeclass.Class, handler string, agent string, cfg *runtimeapi.ContainerConfig) string {
 	switch {
 	case class.Enforcement != runtimeclass.ContainerCgroups:
 		return fmt.Sprintf("runtime %s has no host-side seccomp: its containers' syscalls do not reach the host kernel's filter (runtime class %s)",
 			handlerName(handler), class.Enforcement)
-	case kind == KindKubelet:
-		return "a kubelet-driven swap runs stop-first in this version"
 	case agent != "":
 		return "agent not running: " + agent
 	case cfg.GetLinux().GetSecurityContext().GetPrivileged():
