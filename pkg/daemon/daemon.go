@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/activation"
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -46,7 +47,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	d := &daemon{cfg: cfg, log: log}
+	d := &daemon{cfg: cfg, log: log, activated: activation.Files(true)}
 	defer d.close()
 	if err := d.build(ctx); err != nil {
 		return err
@@ -76,6 +77,9 @@ type daemon struct {
 	resizer                guardedResizer
 	relay                  *relay.Relay
 	ctl                    *grpc.Server
+	// activated are the files systemd passed (LISTEN_FDS): the CRI socket
+	// and the takeover agent's stored notify fds.
+	activated []*os.File
 }
 
 // onClose registers the undo of a part just built.
@@ -158,7 +162,8 @@ func (d *daemon) newEngine(ctx context.Context) error {
 	}
 	// The takeover agent outlives every swap: closed after the engine's
 	// swaps have ended (closers run last first).
-	tk := newTaker(d.cfg.EffectiveTakeoverSocket(), d.log.Named("takeover"))
+	var tk *taker
+	tk, d.activated = newTaker(d.cfg.EffectiveTakeoverSocket(), newFDStore(), d.activated, d.log.Named("takeover"))
 	d.onClose(tk.close)
 	go tk.serve()
 	d.engine, err = swap.New(swap.Options{
@@ -253,7 +258,7 @@ func (d *daemon) newControl(context.Context) error {
 // socket, the metrics listener and Kubernetes mode beside it, then shuts
 // down.
 func (d *daemon) serve(ctx context.Context) error {
-	lis, fromSystemd, err := criListener(d.cfg.Listen, d.log)
+	lis, fromSystemd, err := criListener(d.cfg.Listen, d.activated, d.log)
 	if err != nil {
 		return err
 	}

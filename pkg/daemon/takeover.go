@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,16 +27,24 @@ type taker struct {
 	agent  *takeover.Agent
 	err    error // why there is no agent (fail open: swaps run stop-first)
 	log    *zap.Logger
+	// store keeps a copy of every notify fd in systemd's fd store, so that
+	// the trapped containers' binds wait for the next inplaced rather than
+	// fail (ENOSYS) once this one is gone; adopted are the names it passed
+	// back at the start, stored already.
+	store   fdStore
+	adopted map[string]bool
 
 	mu   sync.Mutex
 	subs map[string]func(swap.TakeoverEvent)
 }
 
-// newTaker listens on socket, in a directory only root may enter. An
-// agent that cannot be made is not fatal: every overlap swap then runs
-// stop-first, its record saying why.
-func newTaker(socket string, log *zap.Logger) *taker {
-	t := &taker{socket: socket, log: log, subs: map[string]func(swap.TakeoverEvent){}}
+// newTaker listens on socket, in a directory only root may enter, and
+// serves again the notify fds systemd passed back from its fd store (the
+// files named takeover.*; it returns the others). An agent that cannot be
+// made is not fatal: every overlap swap then runs stop-first, its record
+// saying why.
+func newTaker(socket string, store fdStore, files []*os.File, log *zap.Logger) (*taker, []*os.File) {
+	t := &taker{socket: socket, log: log, store: store, adopted: map[string]bool{}, subs: map[string]func(swap.TakeoverEvent){}}
 	if err := rootOnlyDir(filepath.Dir(socket)); err != nil {
 		t.err = err
 	} else {
@@ -44,7 +53,34 @@ func newTaker(socket string, log *zap.Logger) *taker {
 	if t.err != nil {
 		log.Warn("takeover agent not running: overlap swaps run stop-first", zap.String("socket", socket), zap.Error(t.err))
 	}
-	return t
+	return t, t.adopt(files)
+}
+
+// adopt serves the stored notify fds among files and returns the rest.
+// Without an agent they are closed: systemd's store keeps its own copies,
+// and the containers' binds wait for an inplaced that serves them.
+func (t *taker) adopt(files []*os.File) []*os.File {
+	var rest []*os.File
+	for _, f := range files {
+		name := f.Name()
+		if !strings.HasPrefix(name, "takeover.") {
+			rest = append(rest, f)
+			continue
+		}
+		if t.agent == nil {
+			f.Close()
+			continue
+		}
+		t.mu.Lock()
+		t.adopted[name] = true
+		t.mu.Unlock()
+		if err := t.agent.Adopt(name, f); err != nil {
+			t.log.Error("a stored notify fd not served: its container's binds wait", zap.String("name", name), zap.Error(err))
+			continue
+		}
+		t.log.Info("serving a stored notify fd again", zap.String("name", name))
+	}
+	return rest
 }
 
 // rootOnlyDir makes dir, or checks that it is root's and nobody else may
@@ -139,6 +175,38 @@ func (t *taker) Unregister(swapID string) {
 	t.mu.Unlock()
 }
 
+// keep puts a notify fd that arrived in the fd store, and takes out one
+// whose processes are all gone. Called before the fd's first bind is
+// answered.
+func (t *taker) keep(e takeover.Event) {
+	if !t.store.enabled() {
+		return
+	}
+	var err error
+	switch e.Kind {
+	case takeover.Attached:
+		t.mu.Lock()
+		stored := t.adopted[e.Name]
+		t.mu.Unlock()
+		if stored {
+			return
+		}
+		var f *os.File
+		if f, err = t.agent.File(e.Name); err == nil {
+			err = t.store.put(e.Name, f)
+			f.Close()
+		}
+	case takeover.Detached:
+		t.mu.Lock()
+		delete(t.adopted, e.Name)
+		t.mu.Unlock()
+		err = t.store.remove(e.Name)
+	}
+	if err != nil {
+		t.log.Error("systemd's fd store: the container's binds fail (ENOSYS) once inplaced stops", zap.String("name", e.Name), zap.Error(err))
+	}
+}
+
 // onEvent passes a swap its handovers and refusals, and logs what the
 // agent does.
 func (t *taker) onEvent(e takeover.Event) {
@@ -153,6 +221,7 @@ func (t *taker) onEvent(e takeover.Event) {
 	default:
 		t.log.Debug("takeover", fields...)
 	}
+	t.keep(e)
 	if e.Kind != takeover.HandedOver && e.Kind != takeover.Refused {
 		return
 	}
