@@ -381,15 +381,39 @@ func (o *overlapRun) end(t *testing.T) ([]harness.Dial, harness.DialTally) {
 
 // slowest is the slowest handshake of the connections begun in [from, to).
 func slowest(ds []harness.Dial, from, to time.Time) (time.Duration, int) {
+	m, _, n := slowestAt(ds, from, to)
+	return m, n
+}
+
+// slowestAt is slowest, with when that connection began.
+func slowestAt(ds []harness.Dial, from, to time.Time) (time.Duration, time.Time, int) {
 	var m time.Duration
+	var at time.Time
 	n := 0
 	for _, d := range ds {
 		if d.Err == nil && !d.At.Before(from) && d.At.Before(to) {
-			m = max(m, d.Connect)
+			if d.Connect > m {
+				m, at = d.Connect, d.At
+			}
 			n++
 		}
 	}
-	return m, n
+	return m, at, n
+}
+
+// stepAt names the record's step running at t.
+func (r overlapRecord) stepAt(t time.Time) string {
+	name := "(between steps)"
+	for _, s := range r.Steps {
+		start, d := unixNano(s.Started), time.Duration(0)
+		if n, err := strconv.ParseInt(s.Duration, 10, 64); err == nil {
+			d = time.Duration(n)
+		}
+		if !t.Before(start) && t.Before(start.Add(d)) {
+			name = s.Name
+		}
+	}
+	return name
 }
 
 func overlapCommit(t *testing.T, e *env) {
@@ -409,13 +433,13 @@ func overlapCommit(t *testing.T, e *env) {
 	// The slowest new connection while the swap ran, against as long a
 	// time before it.
 	start, end := unixNano(r.Started), unixNano(r.Finished)
-	during, nd := slowest(dials, start, end)
+	during, duringAt, nd := slowestAt(dials, start, end)
 	before, nb := slowest(dials, start.Add(-end.Sub(start)), start)
 	if from := o.start.Add(300 * time.Millisecond); start.Add(-end.Sub(start)).Before(from) {
 		before, nb = slowest(dials, from, start)
 	}
-	t.Logf("swap %s; slowest new connection during it %s (%d), before it %s (%d); handover in %s ns", end.Sub(start).Round(time.Millisecond),
-		during, nd, before, nb, r.Takeover.HandoverNs)
+	t.Logf("swap %s; slowest new connection during it %s (%d connections; it began %s into the swap, in step %s), before it %s (%d); handover in %s ns",
+		end.Sub(start).Round(time.Millisecond), during, nd, duringAt.Sub(start).Round(time.Millisecond), r.stepAt(duringAt), before, nb, r.Takeover.HandoverNs)
 	if during > before+5*time.Millisecond {
 		t.Errorf("slowest new connection during the swap %s, before it %s: more than 5 ms slower", during, before)
 	}
