@@ -1,18 +1,12 @@
 package e2e
 
 import (
-	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -77,228 +71,6 @@ func (r overlapRecord) step(name string) (time.Time, time.Duration, bool) {
 	return time.Time{}, 0, false
 }
 
-// keepAlive is 20 clients, each on a keep-alive HTTP/1.1 connection
-// sending GET /peer every 50 ms. A request whose connection the server
-// closed before any byte of the answer is sent again once on a new
-// connection, as HTTP clients do for idempotent requests (Go's Transport,
-// browsers; RFC 9110 9.2.2); a request that gets no answer then failed.
-type keepAlive struct {
-	addr string
-	stop chan struct{}
-	wg   sync.WaitGroup
-
-	mu     sync.Mutex
-	ok     int
-	failed []string
-	retry  int
-	closes []kaClose
-	vers   map[string]int
-}
-
-// kaClose is a connection the server ended: when the client saw it end,
-// and whether it was reset rather than closed.
-type kaClose struct {
-	at    time.Time
-	reset bool
-	last  string // the version that answered its last request
-}
-
-func startKeepAlive(addr string, n int) *keepAlive {
-	k := &keepAlive{addr: addr, stop: make(chan struct{}), vers: map[string]int{}}
-	for range n {
-		k.wg.Add(1)
-		go func() {
-			defer k.wg.Done()
-			k.client()
-		}()
-	}
-	return k
-}
-
-// client keeps one connection at a time, sending a request every 50 ms.
-func (k *keepAlive) client() {
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	var c *kaConn
-	defer func() {
-		if c != nil {
-			c.close()
-		}
-	}()
-	for {
-		select {
-		case <-k.stop:
-			return
-		case <-tick.C:
-		}
-		if c != nil && !c.endAt().IsZero() {
-			// The server ended the idle connection: a new one, as a
-			// client's pool does.
-			k.closed(c, nil)
-			c.close()
-			c = nil
-		}
-		var ok bool
-		for attempt := 0; attempt < 2 && !ok; attempt++ {
-			if c == nil {
-				var err error
-				if c, err = k.dial(); err != nil {
-					k.fail(fmt.Sprintf("dial: %v", err))
-					break
-				}
-			}
-			v, err := c.get()
-			switch {
-			case err == nil:
-				ok = true
-				k.answered(v)
-			case c.served > 0 && c.emptyClose:
-				// The server ended an idle connection as the request went:
-				// sent again on a new one.
-				k.closed(c, err)
-				c.close()
-				c = nil
-				if attempt == 0 {
-					k.mu.Lock()
-					k.retry++
-					k.mu.Unlock()
-					continue
-				}
-				k.fail(fmt.Sprintf("request again on a new connection: %v", err))
-			default:
-				k.closed(c, err)
-				k.fail(fmt.Sprintf("request: %v", err))
-				c.close()
-				c = nil
-				attempt = 2
-			}
-		}
-	}
-}
-
-func (k *keepAlive) dial() (*kaConn, error) {
-	nc, err := net.DialTimeout("tcp", k.addr, 5*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	c := &kaConn{c: nc, br: bufio.NewReader(nc), done: make(chan struct{})}
-	go c.watch()
-	return c, nil
-}
-
-func (k *keepAlive) answered(v string) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.ok++
-	k.vers[v]++
-}
-
-func (k *keepAlive) fail(why string) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.failed = append(k.failed, time.Now().Format("15:04:05.000")+" "+why)
-}
-
-func (k *keepAlive) closed(c *kaConn, err error) {
-	at := c.endAt()
-	if at.IsZero() {
-		at = time.Now()
-	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.closes = append(k.closes, kaClose{at: at, reset: errors.Is(err, syscall.ECONNRESET) || c.reset, last: c.last})
-}
-
-// end stops the clients; the connections still open are closed by the
-// client, not counted.
-func (k *keepAlive) end() {
-	close(k.stop)
-	k.wg.Wait()
-}
-
-// kaConn is one keep-alive connection. watch reads it while it is idle, so
-// that the moment the server ends it is known to the millisecond.
-type kaConn struct {
-	c      net.Conn
-	br     *bufio.Reader
-	served int
-	last   string
-
-	mu         sync.Mutex
-	busy       bool      // a request is under way: watch does not read
-	ended      time.Time // when watch saw the server end it
-	reset      bool
-	emptyClose bool // the server ended it before any byte of an answer
-	done       chan struct{}
-	idle       sync.Mutex // held by watch while it peeks
-}
-
-// watch peeks at the idle connection: an idle keep-alive connection gets
-// no byte unless the server ends it.
-func (c *kaConn) watch() {
-	defer close(c.done)
-	for {
-		c.idle.Lock()
-		_ = c.c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
-		_, err := c.br.Peek(1)
-		c.idle.Unlock()
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			time.Sleep(time.Millisecond) // let a request take the connection
-			continue
-		}
-		c.mu.Lock()
-		if c.ended.IsZero() && err != nil {
-			c.ended, c.reset = time.Now(), errors.Is(err, syscall.ECONNRESET)
-		}
-		c.mu.Unlock()
-		return
-	}
-}
-
-func (c *kaConn) endAt() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.ended
-}
-
-// get sends GET /peer and reads the answer: "<version> <client address>".
-func (c *kaConn) get() (string, error) {
-	c.idle.Lock()
-	defer c.idle.Unlock()
-	c.emptyClose = false
-	_ = c.c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.WriteString(c.c, "GET /peer HTTP/1.1\r\nHost: app\r\n\r\n"); err != nil {
-		c.emptyClose = true
-		return "", err
-	}
-	if _, err := c.br.Peek(1); err != nil {
-		c.emptyClose = !errors.Is(err, os.ErrDeadlineExceeded)
-		return "", err
-	}
-	resp, err := http.ReadResponse(c.br, nil)
-	if err != nil {
-		return "", err
-	}
-	b, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		return "", err
-	}
-	v, _, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
-	c.served++
-	c.last = v
-	if resp.Close {
-		return v, errors.New("the server asked to close the connection")
-	}
-	return v, nil
-}
-
-func (c *kaConn) close() {
-	c.c.Close()
-	<-c.done
-}
-
 // TestOverlap: an overlap swap v1 → v2 of the test app (a Go server that
 // drains on SIGTERM), node-local, under a client opening a new connection
 // every 5 ms and 20 keep-alive clients sending a request every 50 ms each:
@@ -335,7 +107,7 @@ type overlapRun struct {
 	p     *pod
 	addr  string
 	dial  *harness.Dialer
-	ka    *keepAlive
+	ka    *harness.KeepAlive
 	start time.Time
 }
 
@@ -344,7 +116,7 @@ func startOverlapRun(t *testing.T, e *env, name string, annotations map[string]s
 	sb, _ := sandboxInfo(t, e.cri, p.sandboxID)
 	addr := net.JoinHostPort(sb.GetNetwork().GetIp(), "8080")
 	eventually(t, 20*time.Second, "v1 answering", func() error { _, err := httpGet("http://" + addr + "/version"); return err })
-	o := &overlapRun{p: p, addr: addr, dial: harness.StartDialer(addr), ka: startKeepAlive(addr, 20), start: time.Now()}
+	o := &overlapRun{p: p, addr: addr, dial: harness.StartDialer(addr), ka: harness.StartKeepAlive(addr, 20), start: time.Now()}
 	time.Sleep(4 * time.Second) // the time before the swap the slowest connection is compared with
 	return o
 }
@@ -355,21 +127,22 @@ func startOverlapRun(t *testing.T, e *env, name string, annotations map[string]s
 func (o *overlapRun) end(t *testing.T) ([]harness.Dial, harness.DialTally) {
 	t.Helper()
 	dials := o.dial.End()
-	o.ka.end()
+	o.ka.End()
+	k := o.ka.Tally()
 	s := harness.TallyDials(t, dials)
 	t.Logf("new connections: %d %+v; keep-alive: %d answered %v, %d sent again after an idle close, %d ended by the server, %d failed",
-		len(dials), s, o.ka.ok, o.ka.vers, o.ka.retry, len(o.ka.closes), len(o.ka.failed))
+		len(dials), s, k.OK, k.ByVersion, k.Retried, len(k.Closes), len(k.Failed))
 	if s.Failed() > 0 {
 		t.Errorf("new connections: %d refused, %d reset, %d timed out, %d other failures", s.Refused, s.Reset, s.Timeout, s.Other)
 	}
-	for i, f := range o.ka.failed {
+	for i, f := range k.Failed {
 		if i < 10 {
 			t.Errorf("keep-alive request failed: %s", f)
 		}
 	}
 	resets := 0
-	for _, c := range o.ka.closes {
-		if c.reset {
+	for _, c := range k.Closes {
+		if c.Reset {
 			resets++
 		}
 	}
@@ -449,10 +222,10 @@ func overlapCommit(t *testing.T, e *env) {
 	if !ok {
 		t.Fatalf("no stop-old step in the record")
 	}
-	for _, c := range o.ka.closes {
-		if c.at.Before(stopAt) {
+	for _, c := range o.ka.Tally().Closes {
+		if c.At.Before(stopAt) {
 			t.Errorf("keep-alive connection (last answered by %s) ended by the server at %s, before the old container was asked to stop (%s)",
-				c.last, c.at.Format("15:04:05.000"), stopAt.Format("15:04:05.000"))
+				c.Last, c.At.Format("15:04:05.000"), stopAt.Format("15:04:05.000"))
 		}
 	}
 	// The old process exited on its own: 0, well within the grace period.
