@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -87,7 +88,9 @@ func TestOverlap(t *testing.T) {
 	requireNft(t)
 	forEachBackend(t, func(t *testing.T, c *harness.Containerd) {
 		e := newEnv(t, c)
-		t.Run("commit", func(t *testing.T) { overlapCommit(t, e) })
+		t.Run("commit", func(t *testing.T) { overlapCommit(t, e, overlapShapes[0]) })
+		t.Run("child of a shell", func(t *testing.T) { overlapCommit(t, e, overlapShapes[1]) })
+		t.Run("two ports", func(t *testing.T) { overlapCommit(t, e, overlapShapes[2]) })
 		t.Run("health gate fails", func(t *testing.T) { overlapGateFails(t, e) })
 		t.Run("never binds", func(t *testing.T) { overlapNeverBinds(t, e) })
 	})
@@ -109,14 +112,45 @@ type overlapRun struct {
 	dial  *harness.Dialer
 	ka    *harness.KeepAlive
 	start time.Time
+	// more are dialers on the server's other ports.
+	more []*harness.Dialer
 }
 
 func startOverlapRun(t *testing.T, e *env, name string, annotations map[string]string) *overlapRun {
-	p := runPod(t, e.cri, name, e.imgs.App1, podOpts{annotations: annotations, grace: 10, args: overlapArgs})
+	return startShapeRun(t, e, name, annotations, overlapShapes[0])
+}
+
+// overlapShape is how the test app runs its server: its command and args,
+// and its ports (the clients dial the first; a second gets a dialer too).
+type overlapShape struct {
+	name          string
+	command, args []string
+	ports         []string
+}
+
+var overlapShapes = []overlapShape{
+	{name: "overlap-commit", args: overlapArgs, ports: []string{"8080"}},
+	// The server a child of the container's shell, which forwards SIGTERM
+	// and waits for it.
+	{name: "overlap-shell", command: []string{"/bin/sh", "-c", `trap 'kill $p; wait $p' TERM; /app -drain=300ms & p=$!; wait $p`},
+		ports: []string{"8080"}},
+	{name: "overlap-ports", args: []string{overlapArgs[0], "-listen=:8080,:8081"}, ports: []string{"8080", "8081"}},
+}
+
+func startShapeRun(t *testing.T, e *env, name string, annotations map[string]string, sh overlapShape) *overlapRun {
+	p := runPod(t, e.cri, name, e.imgs.App1, podOpts{annotations: annotations, grace: 10, command: sh.command, args: sh.args})
 	sb, _ := sandboxInfo(t, e.cri, p.sandboxID)
-	addr := net.JoinHostPort(sb.GetNetwork().GetIp(), "8080")
-	eventually(t, 20*time.Second, "v1 answering", func() error { _, err := httpGet("http://" + addr + "/version"); return err })
-	o := &overlapRun{p: p, addr: addr, dial: harness.StartDialer(addr), ka: harness.StartKeepAlive(addr, 20), start: time.Now()}
+	o := &overlapRun{p: p}
+	for _, port := range sh.ports {
+		addr := net.JoinHostPort(sb.GetNetwork().GetIp(), port)
+		eventually(t, 20*time.Second, "v1 answering on "+port, func() error { _, err := httpGet("http://" + addr + "/version"); return err })
+		if o.addr == "" {
+			o.addr, o.dial, o.ka = addr, harness.StartDialer(addr), harness.StartKeepAlive(addr, 20)
+			continue
+		}
+		o.more = append(o.more, harness.StartDialer(addr))
+	}
+	o.start = time.Now()
 	time.Sleep(4 * time.Second) // the time before the swap the slowest connection is compared with
 	return o
 }
@@ -128,6 +162,14 @@ func (o *overlapRun) end(t *testing.T) ([]harness.Dial, harness.DialTally) {
 	t.Helper()
 	dials := o.dial.End()
 	o.ka.End()
+	for i, d := range o.more {
+		ds := d.End()
+		sm := harness.TallyDials(t, ds)
+		t.Logf("new connections to the port %d more: %d %+v", i+1, len(ds), sm)
+		if sm.Failed() > 0 || sm.ByVersion["v2"] == 0 {
+			t.Errorf("new connections to another port: %+v, want none failed and v2 at the end", sm)
+		}
+	}
 	k := o.ka.Tally()
 	s := harness.TallyDials(t, dials)
 	t.Logf("new connections: %d %+v; keep-alive: %d answered %v, %d sent again after an idle close, %d ended by the server, %d failed",
@@ -189,16 +231,23 @@ func (r overlapRecord) stepAt(t time.Time) string {
 	return name
 }
 
-func overlapCommit(t *testing.T, e *env) {
-	o := startOverlapRun(t, e, "overlap-commit", overlapAnnotation)
+func overlapCommit(t *testing.T, e *env, sh overlapShape) {
+	o := startShapeRun(t, e, sh.name, overlapAnnotation, sh)
 	out, err := e.px.Ctl("swap", o.p.name, "-c", "app", "-o", "json", "--image", e.imgs.App2)
 	r := parseOverlap(t, out)
 	time.Sleep(500 * time.Millisecond)
 	dials, s := o.end(t)
+	var handed []string
+	if r.Takeover != nil {
+		for _, p := range r.Takeover.HandedOver {
+			handed = append(handed, fmt.Sprint(p))
+		}
+	}
+	slices.Sort(handed)
 	if err != nil || r.State != "SWAP_STATE_COMMITTED" || r.Strategy != "overlap" || r.Takeover == nil ||
-		fmt.Sprint(r.Takeover.HandedOver) != "[8080]" || r.Takeover.FellBack {
-		t.Fatalf("swap: %v; record %s %s, strategy %s (%s), takeover %+v; want committed, overlap, 8080 handed over",
-			err, r.State, r.Error, r.Strategy, r.StrategyWhy, r.Takeover)
+		!slices.Equal(handed, sh.ports) || r.Takeover.FellBack {
+		t.Fatalf("swap: %v; record %s %s, strategy %s (%s), takeover %+v; want committed, overlap, %v handed over",
+			err, r.State, r.Error, r.Strategy, r.StrategyWhy, r.Takeover, sh.ports)
 	}
 	if r.Hold != nil && r.Hold.Mode != "off" {
 		t.Errorf("an overlap swap held connections: %+v", *r.Hold)
@@ -228,12 +277,17 @@ func overlapCommit(t *testing.T, e *env) {
 				c.Last, c.At.Format("15:04:05.000"), stopAt.Format("15:04:05.000"))
 		}
 	}
-	// The old process exited on its own: 0, well within the grace period.
-	// Asked of containerd itself: inplaced shows kubelet the old container
-	// as it was for a while after the stop.
+	// The old process exited on its own, well within the grace period (10
+	// s): the app with 0, the shell that forwarded SIGTERM with its wait's
+	// 143; never killed (137). Asked of containerd itself: inplaced shows
+	// kubelet the old container as it was for a while after the stop.
 	st, _ := containerInfo(t, e.direct, r.OldContainerID)
-	if st.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED || st.GetExitCode() != 0 || stopTook > 5*time.Second {
-		t.Errorf("old container %s exit %d after a %s stop: want it to exit 0 on its own", st.GetState(), st.GetExitCode(), stopTook)
+	want := int32(0)
+	if len(sh.command) > 0 {
+		want = 128 + 15
+	}
+	if st.GetState() != runtimeapi.ContainerState_CONTAINER_EXITED || st.GetExitCode() != want || stopTook > 5*time.Second {
+		t.Errorf("old container %s exit %d after a %s stop: want it to exit %d on its own", st.GetState(), st.GetExitCode(), stopTook, want)
 	}
 	// After the swap, v2 answers everything.
 	var after []harness.Dial

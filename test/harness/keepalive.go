@@ -89,6 +89,11 @@ func (k *KeepAlive) client() {
 			case err == nil:
 				ok = true
 				k.answered(v)
+				if c.lastClose {
+					k.closed(c, nil)
+					c.close()
+					c = nil
+				}
 			case c.served > 0 && c.emptyClose:
 				// The server ended an idle connection as the request went:
 				// sent again on a new one.
@@ -159,7 +164,9 @@ type keepAliveConn struct {
 	c      net.Conn
 	br     *bufio.Reader
 	served int
-	last   string
+	// lastClose: the last answer said Connection: close.
+	lastClose bool
+	last      string
 
 	mu         sync.Mutex
 	busy       bool      // a request is under way: watch does not read
@@ -225,9 +232,9 @@ func (c *keepAliveConn) get() (string, error) {
 	v, _, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
 	c.served++
 	c.last = v
-	if resp.Close {
-		return v, errors.New("the server asked to close the connection")
-	}
+	// Connection: close (a server shutting down answers so): the answer
+	// counts, the connection ends with it.
+	c.lastClose = resp.Close
 	return v, nil
 }
 
