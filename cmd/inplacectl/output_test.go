@@ -290,3 +290,26 @@ func TestPrintSwaps(t *testing.T) {
 		t.Errorf("json: %v %+v\n%s", err, parsed, out.String())
 	}
 }
+
+// The strategy line says which strategy ran, what was handed over, and
+// why an overlap fell back.
+func TestStrategySummary(t *testing.T) {
+	for _, tc := range []struct {
+		rec  *inplacedv1.SwapRecord
+		want string
+	}{
+		{&inplacedv1.SwapRecord{}, ""},
+		{&inplacedv1.SwapRecord{Strategy: "stop-first", StrategyWhy: "the node's default (--swap-strategy)"},
+			"stop-first (the node's default (--swap-strategy))"},
+		{&inplacedv1.SwapRecord{Strategy: "overlap", StrategyWhy: "asked for by the request",
+			Takeover: &inplacedv1.TakeoverRecord{Ports: []uint32{8080, 8081}, HandedOver: []uint32{8080, 8081}, HandoverNs: 1_234_567}},
+			"overlap: 8080,8081 handed over in 1.23ms (asked for by the request)"},
+		{&inplacedv1.SwapRecord{Strategy: "stop-first", StrategyWhy: "overlap fell back to stop-first with the connection hold: x",
+			Takeover: &inplacedv1.TakeoverRecord{Ports: []uint32{8080}, FellBack: true}},
+			"stop-first (overlap fell back to stop-first with the connection hold: x)"},
+	} {
+		if got := tc.rec.StrategySummary(); got != tc.want {
+			t.Errorf("%v: %q, want %q", tc.rec, got, tc.want)
+		}
+	}
+}

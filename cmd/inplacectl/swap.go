@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/inplaced/inplaced/pkg/strategy"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
@@ -33,6 +34,7 @@ type SwapOptions struct {
 	PreStopExec  []string
 	PostStart    []string
 	SkipPreStop  bool
+	Strategy     string
 	CPU          string
 	CPURequest   string
 	Memory       string
@@ -72,6 +74,7 @@ func newSwapCommand(g *globals) *cobra.Command {
 	f.StringArrayVar(&o.PreStopExec, "pre-stop-exec", nil, "preStop command instead of the recorded one (repeatable)")
 	f.StringArrayVar(&o.PostStart, "post-start-exec", nil, "postStart command run in the new container (repeatable)")
 	f.BoolVar(&o.SkipPreStop, "skip-pre-stop", false, "do not run a preStop hook")
+	f.StringVar(&o.Strategy, "strategy", "", "stop-first or overlap (start the new container while the old one runs and hand it the old one's listening sockets); default: the pod's annotation inplaced.io/swap-strategy, else inplaced's --swap-strategy")
 	f.StringVar(&o.CPU, "cpu", "", "new CPU limit for the new container, e.g. 1500m")
 	f.StringVar(&o.CPURequest, "cpu-request", "", "new CPU request (shares/weight)")
 	f.StringVar(&o.Memory, "memory", "", "new memory limit, e.g. 512Mi")
@@ -144,6 +147,13 @@ func (o *SwapOptions) change(cmd *cobra.Command) (*inplacedv1.Change, error) {
 func (o *SwapOptions) options() (*inplacedv1.SwapOptions, error) {
 	opts := &inplacedv1.SwapOptions{GracePeriodSeconds: o.GracePeriod, MinRuntimeMs: o.MinRuntime.Milliseconds(),
 		HealthTimeoutMs: o.HealthTimout.Milliseconds(), SkipPreStop: o.SkipPreStop}
+	if o.Strategy != "" {
+		st, err := strategy.Parse(o.Strategy)
+		if err != nil {
+			return nil, fmt.Errorf("--strategy %w; nothing was changed", err)
+		}
+		opts.Strategy = string(st)
+	}
 	if len(o.PreStopExec) > 0 {
 		opts.PreStop = &inplacedv1.Handler{Exec: o.PreStopExec}
 	}
@@ -236,6 +246,9 @@ func followSwap(stream eventStream, output string, w io.Writer) error {
 		fmt.Fprintf(w, "  old container %s, new %s, running %s\n", final.OldContainerId, final.NewContainerId, final.RunningContainerId)
 		fmt.Fprintf(w, "  sandbox %s (runtime handler %s): %s\n", shortID(final.SandboxId), handlerText(final.RuntimeHandler), keptText(final.SandboxKept))
 		fmt.Fprintf(w, "  downtime: %s\n", time.Duration(final.DowntimeNs).Round(time.Microsecond))
+		if st := final.StrategySummary(); st != "" {
+			fmt.Fprintf(w, "  strategy: %s\n", st)
+		}
 		if h := final.Hold; h != nil {
 			fmt.Fprintf(w, "  connections: %s\n", h.Summary())
 		}
@@ -317,6 +330,9 @@ func printSwaps(w io.Writer, output string, swaps []*inplacedv1.SwapRecord) erro
 		}
 		if s.Handoff != "" {
 			fmt.Fprintf(w, "    kubelet: %s\n", s.Handoff)
+		}
+		if st := s.StrategySummary(); st != "" {
+			fmt.Fprintf(w, "    strategy: %s\n", st)
 		}
 		if s.Hold != nil {
 			fmt.Fprintf(w, "    connections: %s\n", s.Hold.Summary())

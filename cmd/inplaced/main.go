@@ -86,6 +86,7 @@ func newRootCommand() *cobra.Command {
 	f.StringVar(&flagCfg.ConnectionHold, "connection-hold", def.ConnectionHold, "new connections to a container's ports while it is swapped: queue (wait for the new process), drop (clients retry after ~1 s) or off (refused); pod annotation inplaced.io/connection-hold")
 	f.DurationVar((*timeDuration)(&flagCfg.HoldMax).ptr(), "hold-max", def.HoldMax.D(), "the longest a connection hold lasts; pod annotation inplaced.io/hold-max")
 	f.BoolVar(&flagCfg.RequireListeners, "require-listeners", def.RequireListeners, "roll back a swap whose new container has not listened by --hold-max on every port the old one listened on (kubelet-driven swaps: recorded and reported as an event instead); pod annotation inplaced.io/require-listeners")
+	f.StringVar(&flagCfg.SwapStrategy, "swap-strategy", def.SwapStrategy, "how a swap replaces a container: stop-first (stop the old one, then start the new one, with the connection hold) or overlap (start the new one while the old one runs and hand it the old one's listening sockets; stop-first where that is not possible); pod annotation inplaced.io/swap-strategy")
 	f.DurationVar((*timeDuration)(&flagCfg.ShutdownGrace).ptr(), "shutdown-grace", def.ShutdownGrace.D(), "on SIGTERM, how long the calls and swaps in flight may run on; new calls wait for the next process (on systemd's socket), longer calls are cut and retried there, swaps left unfinished are settled by its journal recovery")
 	f.DurationVar((*timeDuration)(&flagCfg.HealthMinRuntime).ptr(), "health-min-runtime", def.HealthMinRuntime.D(), "how long a swapped-in container must keep running before the swap commits")
 	cmd.AddCommand(newVersionCommand())
@@ -133,6 +134,7 @@ func overrideFromFlags(cfg *config.Config, flags config.Config, fs *pflag.FlagSe
 	set("image-credential-provider-bin-dir", &cfg.ImageCredentialProviderBinDir, flags.ImageCredentialProviderBinDir)
 	set("relay", &cfg.Relay, flags.Relay)
 	set("connection-hold", &cfg.ConnectionHold, flags.ConnectionHold)
+	set("swap-strategy", &cfg.SwapStrategy, flags.SwapStrategy)
 	if fs.Changed("hold-max") {
 		cfg.HoldMax = flags.HoldMax
 	}

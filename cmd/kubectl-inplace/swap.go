@@ -19,6 +19,7 @@ import (
 
 	"github.com/inplaced/inplaced/pkg/kube/podapi"
 	"github.com/inplaced/inplaced/pkg/kubeclient"
+	"github.com/inplaced/inplaced/pkg/strategy"
 )
 
 // SwapOptions are the flags of `kubectl inplace swap`.
@@ -41,6 +42,9 @@ type SwapOptions struct {
 	HealthExec   []string
 	MinRuntime   time.Duration
 	DrainSeconds int64
+	// Strategy is stop-first or overlap; empty: the pod's annotation
+	// inplaced.io/swap-strategy, else the node's default.
+	Strategy string
 	// Timeout bounds each pod: from the request to the end of its swap and,
 	// for a pod that was Ready, to Ready again.
 	Timeout time.Duration
@@ -105,6 +109,7 @@ not yet started untouched.`,
 	f.StringArrayVar(&o.HealthExec, "health-exec", nil, "health gate: command run in the new container (repeatable, one element each)")
 	f.DurationVar(&o.MinRuntime, "min-runtime", 0, "how long the new container must keep running (default: inplaced's)")
 	f.Int64Var(&o.DrainSeconds, "drain-seconds", 0, "seconds a pod with the inplaced.io/InPlaceReady readiness gate is NotReady before the old container stops")
+	f.StringVar(&o.Strategy, "strategy", "", "stop-first or overlap (start the new container while the old one runs and hand it the old one's listening sockets); default: the pod's annotation "+strategy.Annotation+", else the node's --swap-strategy")
 	f.DurationVar(&o.Timeout, "timeout", defaultTimeout, "how long to wait for each pod's swap to end")
 	f.IntVar(&o.MaxUnavailable, "max-unavailable", 1, "with -l: at most this many selected pods unavailable (swapping or not Ready) at a time")
 	f.IntVar(&o.Partition, "partition", 0, "with -l: leave pods with an ordinal below this alone (StatefulSet partition)")
@@ -117,7 +122,7 @@ not yet started untouched.`,
 // same value, so asking twice runs once.
 func (o *SwapOptions) Request() (string, *podapi.SwapRequest, error) {
 	r := podapi.SwapRequest{Container: o.Container, Image: o.Image, UnsetEnv: o.UnsetEnv, HealthHTTP: o.HealthHTTP,
-		HealthTCP: o.HealthTCP, HealthExec: o.HealthExec, DrainSeconds: o.DrainSeconds}
+		HealthTCP: o.HealthTCP, HealthExec: o.HealthExec, DrainSeconds: o.DrainSeconds, Strategy: o.Strategy}
 	for _, kv := range o.Env {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {

@@ -35,6 +35,10 @@ func TestRequest(t *testing.T) {
 		{name: "bad env", o: SwapOptions{Container: "app", Env: []string{"NOVALUE"}}, err: "KEY=VALUE"},
 		{name: "two health gates", o: SwapOptions{Container: "app", Image: "x", HealthTCP: 80, HealthHTTP: "80/"}, err: "at most one"},
 		{name: "bad drain", o: SwapOptions{Container: "app", Image: "x", DrainSeconds: -1}, err: "drainSeconds"},
+		{name: "overlap", o: SwapOptions{Container: "app", Image: "reg/app:2", Strategy: "overlap"},
+			want: `{"container":"app","image":"reg/app:2","strategy":"overlap"}`},
+		{name: "bad strategy", o: SwapOptions{Container: "app", Image: "x", Strategy: "blue-green"},
+			err: `strategy: "blue-green": use stop-first or overlap`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			raw, req, err := tc.o.Request()

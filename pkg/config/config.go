@@ -17,6 +17,7 @@ import (
 
 	"github.com/inplaced/inplaced/pkg/holdmode"
 	"github.com/inplaced/inplaced/pkg/runtimeclass"
+	"github.com/inplaced/inplaced/pkg/strategy"
 )
 
 // DefaultConfigPath is read when present and --config is not given.
@@ -115,6 +116,16 @@ type Config struct {
 	// Pods opt out with the annotation inplaced.io/require-listeners:
 	// "false".
 	RequireListeners bool `json:"requireListeners"`
+	// SwapStrategy is the node's default strategy: stop-first (stop the
+	// old container, then start the new one, with the connection hold) or
+	// overlap (start the new one while the old one runs and hand it the old
+	// one's listening sockets). Pods ask with the annotation
+	// inplaced.io/swap-strategy, a request with its own.
+	SwapStrategy string `json:"swapStrategy"`
+	// TakeoverSocket is the unix socket of the overlap swap's takeover
+	// agent, which runc connects to (the trap's listenerPath), mode 0600;
+	// empty: takeover.sock beside the control socket.
+	TakeoverSocket string `json:"takeoverSocket"`
 }
 
 // Default returns the configuration used when nothing is set.
@@ -137,6 +148,7 @@ func Default() Config {
 		ConnectionHold:   string(holdmode.Default),
 		HoldMax:          Duration(10 * time.Second),
 		RequireListeners: true,
+		SwapStrategy:     string(strategy.Default),
 	}
 }
 
@@ -193,6 +205,15 @@ func foldOlderSpellings(data []byte, cfg *Config) error {
 	return nil
 }
 
+// EffectiveTakeoverSocket is the takeover agent's socket, defaulted to
+// takeover.sock beside the control socket.
+func (c Config) EffectiveTakeoverSocket() string {
+	if c.TakeoverSocket == "" {
+		return filepath.Join(filepath.Dir(c.ControlSocket), "takeover.sock")
+	}
+	return c.TakeoverSocket
+}
+
 // EffectiveImageEndpoint is the image endpoint, defaulted to the runtime's.
 func (c Config) EffectiveImageEndpoint() string {
 	if c.ImageEndpoint == "" {
@@ -205,7 +226,7 @@ func (c Config) EffectiveImageEndpoint() string {
 func (c Config) Validate() error {
 	var errs []error
 	for _, check := range []func() []error{
-		c.socketProblems, c.endpointProblems, c.wordProblems, c.holdProblems,
+		c.socketProblems, c.endpointProblems, c.wordProblems, c.holdProblems, c.strategyProblems,
 		c.metricsProblems, c.kubernetesProblems, c.timeoutProblems,
 	} {
 		errs = append(errs, check()...)
@@ -275,6 +296,24 @@ func (c Config) holdProblems() []error {
 		errs = append(errs, fmt.Errorf("--connection-hold %w", err))
 	}
 	return append(errs, c.holdMaxProblems()...)
+}
+
+// strategyProblems: the node's default swap strategy (read as the swap
+// engine and the pod annotation read it) and the takeover agent's socket.
+func (c Config) strategyProblems() []error {
+	var errs []error
+	if _, err := strategy.Parse(c.SwapStrategy); err != nil {
+		errs = append(errs, fmt.Errorf("--swap-strategy %w", err))
+	}
+	if c.TakeoverSocket != "" && !filepath.IsAbs(c.TakeoverSocket) {
+		errs = append(errs, fmt.Errorf("takeoverSocket %q: must be an absolute path (or empty: beside the control socket)", c.TakeoverSocket))
+	}
+	for _, other := range []string{c.Listen, c.ControlSocket} {
+		if c.EffectiveTakeoverSocket() == other {
+			errs = append(errs, fmt.Errorf("takeoverSocket %q is also --listen or --control-socket: give it a path of its own", other))
+		}
+	}
+	return errs
 }
 
 // holdMaxProblems: the bound of a swap's connection hold.

@@ -10,9 +10,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/activation"
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -45,7 +47,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	d := &daemon{cfg: cfg, log: log}
+	d := &daemon{cfg: cfg, log: log, activated: activation.Files(true)}
 	defer d.close()
 	if err := d.build(ctx); err != nil {
 		return err
@@ -75,6 +77,9 @@ type daemon struct {
 	resizer                guardedResizer
 	relay                  *relay.Relay
 	ctl                    *grpc.Server
+	// activated are the files systemd passed (LISTEN_FDS): the CRI socket
+	// and the takeover agent's stored notify fds.
+	activated []*os.File
 }
 
 // onClose registers the undo of a part just built.
@@ -155,12 +160,19 @@ func (d *daemon) newEngine(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The takeover agent outlives every swap: closed after the engine's
+	// swaps have ended (closers run last first).
+	var tk *taker
+	tk, d.activated = newTaker(d.cfg.EffectiveTakeoverSocket(), newFDStore(), d.activated, d.log.Named("takeover"))
+	d.onClose(tk.close)
+	go tk.serve()
 	d.engine, err = swap.New(swap.Options{
 		Runtime: d.rt, Images: d.images,
 		Store: d.st, Fences: d.fences, Kubelet: d.view, Logger: d.log.Named("swap"), HealthMinRuntime: d.cfg.HealthMinRuntime.D(),
 		Observer: d.obs.swap, Puller: d.puller, Classes: classes,
 		Holder: holder{oneBatch: os.Getenv(HoldOneBatchEnv) == "1"}, ConnectionHold: d.cfg.ConnectionHold, HoldMax: d.cfg.HoldMax.D(),
 		ListenersOptional: !d.cfg.RequireListeners,
+		SwapStrategy:      d.cfg.SwapStrategy, Taker: tk, ProfileDir: filepath.Join(d.cfg.StateDir, "seccomp"),
 		// The keeper is made just below, from the engine; swaps start only
 		// once both are, when serving.
 		Ready: func() error { return d.keeper.refusal() }, Admission: d.kslot.Admit, OnSwap: d.kslot.Report,
@@ -246,7 +258,7 @@ func (d *daemon) newControl(context.Context) error {
 // socket, the metrics listener and Kubernetes mode beside it, then shuts
 // down.
 func (d *daemon) serve(ctx context.Context) error {
-	lis, fromSystemd, err := criListener(d.cfg.Listen, d.log)
+	lis, fromSystemd, err := criListener(d.cfg.Listen, d.activated, d.log)
 	if err != nil {
 		return err
 	}

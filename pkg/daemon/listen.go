@@ -11,7 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/coreos/go-systemd/v22/activation"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
@@ -63,8 +62,8 @@ func listenUnix(path string) (net.Listener, error) {
 // socket systemd passed is closed, with a warning: a socket unit and a
 // --listen that disagree are the operator's to fix, and kubelet is pointed
 // at --listen, so it is served there meanwhile.
-func criListener(path string, log *zap.Logger) (l net.Listener, fromSystemd bool, err error) {
-	l, rest := takeActivated(activation.Files(true), path)
+func criListener(path string, activated []*os.File, log *zap.Logger) (l net.Listener, fromSystemd bool, err error) {
+	l, rest := takeActivated(activated, path)
 	for _, f := range rest {
 		log.Warn("systemd passed a socket that is not --listen: closed (make the socket unit's ListenStream= and --listen agree)",
 			zap.String("fd_name", f.Name()), zap.String("address", fileAddr(f)), zap.String("listen", path))

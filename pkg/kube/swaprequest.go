@@ -258,7 +258,7 @@ func changeOf(req *podapi.SwapRequest) (*inplacedv1.Change, *inplacedv1.SwapOpti
 	if req.SetsArgs() {
 		c.Args, c.SetArgs = req.Args, true
 	}
-	o := &inplacedv1.SwapOptions{}
+	o := &inplacedv1.SwapOptions{Strategy: req.Strategy}
 	if req.MinRuntime != "" {
 		d, _ := time.ParseDuration(req.MinRuntime)
 		o.MinRuntimeMs = d.Milliseconds()

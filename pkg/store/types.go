@@ -14,6 +14,9 @@ const (
 	StepStartNew    JournalStep = "start-new"    // starting it (NewContainerID set)
 	StepHealthGate  JournalStep = "health-gate"  // waiting for it to prove healthy
 	StepRollingBack JournalStep = "rolling-back" // undoing: recreating the old config
+	// StepOverlap: starting the new container while the old one runs (an
+	// overlap swap); recovery removes the new one, the old one runs on.
+	StepOverlap JournalStep = "overlap"
 )
 
 // JournalEntry is what recovery needs to finish or undo a swap.

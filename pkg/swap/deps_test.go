@@ -7,8 +7,9 @@ import (
 )
 
 // The engine sees a connection hold only through Holder and the mode
-// vocabulary of package holdmode: package hold (nftables, netlink,
-// NFQUEUE) stays out of it, so that the engine is tested with a fake and
+// vocabulary of package holdmode, and the overlap's socket takeover only
+// through Taker: package hold (nftables, netlink, NFQUEUE) and package
+// takeover (seccomp notify, pidfd) stay out of it, so that the engine is tested with a fake and
 // links no netlink code.
 func TestEngineLinksNoNetlink(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
@@ -24,6 +25,9 @@ func TestEngineLinksNoNetlink(t *testing.T) {
 			if pkg == bad || strings.HasPrefix(pkg, bad+"/") {
 				t.Errorf("pkg/swap links %s: reach the connection hold through Holder (package daemon wires package hold in)", pkg)
 			}
+		}
+		if bad := "github.com/inplaced/inplaced/pkg/takeover"; pkg == bad || strings.HasPrefix(pkg, bad+"/") {
+			t.Errorf("pkg/swap links %s: reach the socket takeover through Taker (package daemon wires package takeover in)", pkg)
 		}
 		vocabulary = vocabulary || pkg == "github.com/inplaced/inplaced/pkg/holdmode"
 	}

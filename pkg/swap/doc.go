@@ -21,8 +21,30 @@
 //		pull → create-new → [pre-stop] → [hold] → stop-old → start-new → [post-start] → health-gate → commit
 //	kubelet-driven (pod spec image):
 //		pull → create-new → [hold] → stop-old → start-new → commit
+//	node-local, overlap (inplaced.io/swap-strategy: overlap):
+//		pull → create-new → start-new → handover → [post-start] → health-gate → [pre-stop] → stop-old → commit
+//	request on the pod, overlap:
+//		pull → create-new → start-new → handover → [post-start] → health-gate → [drain] → [pre-stop] → stop-old → commit
+//	kubelet-driven, overlap:
+//		pull → create-new → start-new → handover → stop-old → commit
+//	overlap, after a handover that did not complete:
+//		[drain] → [pre-stop] → [hold] → stop-old → health-gate → commit
+//	kubelet-driven overlap, after a handover that did not complete:
+//		[hold] → stop-old → commit
 //	any failure after stop-old (not kubelet-driven):
 //		rollback
+//
+// An overlap swap (strategy overlap: the request's, the pod's annotation
+// inplaced.io/swap-strategy or --swap-strategy; see chooseStrategy) creates
+// the new container with a bind trap (a seccomp profile naming the Taker's
+// agent) and starts it while the old one runs: its bind() of a port the old
+// container listens on gets the old listening socket (handover), so both
+// accept from one socket; the old one is stopped only once the new one has
+// passed its health gate, and until then every undo removes the new
+// container. A handover that does not complete within the hold's limit
+// (the new image never binds the port, or the socket cannot be shared)
+// goes on as stop-first with the hold. The record says which strategy ran
+// and why.
 //
 // The new container is created while the old one still runs (containerd
 // starts no process before StartContainer), so creating it is not

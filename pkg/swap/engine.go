@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/inplaced/inplaced/pkg/kubeletview"
 	"github.com/inplaced/inplaced/pkg/runtimeclass"
 	"github.com/inplaced/inplaced/pkg/store"
+	"github.com/inplaced/inplaced/pkg/strategy"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
@@ -68,6 +70,10 @@ type Engine struct {
 	holdMax           time.Duration
 	listenersOptional bool
 
+	strategy   strategy.Strategy
+	taker      Taker
+	profileDir string
+
 	mu   sync.Mutex
 	runs map[string]*run // running swaps, for WatchSwap
 	wg   sync.WaitGroup
@@ -106,6 +112,17 @@ type Options struct {
 	// (inplaced.io/require-listeners: "false"); kubelet-driven swaps never
 	// roll back for it.
 	ListenersOptional bool
+	// SwapStrategy is the node's default strategy as --swap-strategy spells
+	// it (read by strategy.Parse; empty: strategy.Default); pods ask with
+	// the annotation inplaced.io/swap-strategy, requests with their own.
+	SwapStrategy string
+	// Taker (optional) hands the old container's listening sockets to the
+	// new one in an overlap swap; nil: every swap runs stop-first, saying
+	// why. ProfileDir is where the new containers' seccomp profiles are
+	// written for their create (required with Taker; a file lives as long
+	// as its swap, and New removes those a crash left).
+	Taker      Taker
+	ProfileDir string
 	// Ready (optional) is checked first at every swap start, before
 	// anything is read or touched (package daemon: the state store must be
 	// usable); its error goes back to the caller as it is.
@@ -141,13 +158,46 @@ func New(o Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	strat, err := strategyDefaults(o.SwapStrategy, o.Taker, o.ProfileDir)
+	if err != nil {
+		return nil, err
+	}
+	taker := o.Taker
+	if taker != nil {
+		// Fail open: a profile directory that cannot be used costs the
+		// overlap only; every swap then runs stop-first, saying why.
+		if err := sweepProfiles(o.ProfileDir); err != nil {
+			log.Warn("overlap swaps run stop-first", zap.Error(err))
+			taker = downTaker{err.Error()}
+		}
+	}
 	return &Engine{
+		strategy: strat, taker: taker, profileDir: o.ProfileDir,
 		rt: o.Runtime, img: o.Images, store: o.Store, journal: o.Store, fences: o.Fences, kubelet: o.Kubelet, log: log,
 		minRuntime: o.HealthMinRuntime, crashAfter: os.Getenv(CrashAfterEnv),
 		now: time.Now, runs: map[string]*run{}, obs: obs, puller: o.Puller, classes: classes,
 		holder: o.Holder, holdMode: mode, holdMax: holdMax, listenersOptional: o.ListenersOptional,
 		ready: o.Ready, admit: o.Admission, onSwap: o.OnSwap,
 	}, nil
+}
+
+// strategyDefaults checks the engine's default strategy and readies the
+// profile directory of a Taker.
+func strategyDefaults(word string, taker Taker, dir string) (strategy.Strategy, error) {
+	s := strategy.Default
+	if word != "" {
+		var err error
+		if s, err = strategy.Parse(word); err != nil {
+			return "", fmt.Errorf("swap.New: swap strategy %w", err)
+		}
+	}
+	if taker == nil {
+		return s, nil
+	}
+	if !filepath.IsAbs(dir) {
+		return "", fmt.Errorf("swap.New: a takeover agent needs an absolute profile directory, not %q", dir)
+	}
+	return s, nil
 }
 
 // classesOrBuiltin is t, or the built-in table when t is nil.
@@ -272,6 +322,11 @@ func (e *Engine) Start(ctx context.Context, req *inplacedv1.SwapRequest, caller 
 	}
 	if err := checkImmutable(change); err != nil {
 		return nil, invalidf("%v", err)
+	}
+	if v := req.GetOptions().GetStrategy(); v != "" {
+		if _, err := strategy.Parse(v); err != nil {
+			return nil, invalidf("strategy %v; nothing was changed", err)
+		}
 	}
 	if isEmpty(change) {
 		return nil, invalidf("the change is empty: give --image, --env, --unset-env, --command or --args")

@@ -27,11 +27,23 @@ func (r *run) execute(ctx context.Context) {
 	r.e.tell(false, r.rec)
 
 	r.hold = r.connectionHold()
-	reached := undoNothing
-	for _, s := range planFor(r.spec()) {
+	r.chooseStrategy()
+	if !r.carryOut(planFor(r.spec()), undoNothing) {
+		return
+	}
+	r.out = fence.Outcome{RunningID: r.newID, Committed: true}
+	r.rec.RunningContainerId = r.newID
+	r.finish(r.out, inplacedv1.SwapState_SWAP_STATE_COMMITTED, nil)
+}
+
+// carryOut runs plan's steps, the last undo reached so far being reached.
+// It returns false when the swap ended in it (undone, or ended by a step);
+// an overlap whose handover fell back goes on with fallbackPlan.
+func (r *run) carryOut(plan []step, reached undo) bool {
+	for _, s := range plan {
 		if s.aborted != "" && r.ctx.Err() != nil {
 			r.undo(reached, errors.New(s.aborted))
-			return
+			return false
 		}
 		before := reached
 		if s.undo != undoNothing {
@@ -41,29 +53,31 @@ func (r *run) execute(ctx context.Context) {
 		if err == nil || s.optional {
 			continue
 		}
+		if fb := (*fellBack)(nil); errors.As(err, &fb) {
+			return r.carryOut(fallbackPlan(r.spec()), reached)
+		}
 		if jf := (*journalFailed)(nil); errors.As(err, &jf) {
 			reached = before // the step was not taken: undo what came before it
 		}
 		var end *ended
 		if errors.As(err, &end) {
 			r.finish(r.out, end.state, end.err)
-			return
+			return false
 		}
 		if s.failure != "" {
 			err = fmt.Errorf("%s: %w", s.failure, err)
 		}
 		r.undo(reached, err)
-		return
+		return false
 	}
-	r.out = fence.Outcome{RunningID: r.newID, Committed: true}
-	r.rec.RunningContainerId = r.newID
-	r.finish(r.out, inplacedv1.SwapState_SWAP_STATE_COMMITTED, nil)
+	return true
 }
 
 // spec is what the swap's plan depends on.
 func (r *run) spec() planSpec {
 	return planSpec{kind: r.rec.Kind, drain: r.hooks.BeforeStop != nil, specHash: r.hooks.SpecHash != "",
-		preStop: !r.opts.GetSkipPreStop(), postStart: r.opts.GetPostStart() != nil, hold: r.hold.mode != holdmode.Off}
+		preStop: !r.opts.GetSkipPreStop(), postStart: r.opts.GetPostStart() != nil, hold: r.hold.mode != holdmode.Off,
+		overlap: r.tk != nil}
 }
 
 // run carries out one step: a shown step is journaled, timed and reported
@@ -131,6 +145,9 @@ var actions = map[action]func(r *run) error{
 	actRemoveNew:       (*run).doRemoveNew,
 	actAdoptNew:        (*run).doAdoptNew,
 	actRecordNew:       (*run).doRecordNew,
+	actCreateTrapped:   (*run).doCreateTrapped,
+	actStartOverlap:    (*run).doStartOverlap,
+	actHandover:        (*run).doHandover,
 }
 
 func (r *run) doPull() (err error) {
@@ -197,10 +214,14 @@ func (r *run) setNewConfig(cfg *runtimeapi.ContainerConfig) {
 // doCreateNew creates the new container while the old one still runs. From
 // here kubelet sees none of the swap's containers until the new one has
 // proved itself (or the rollback container runs).
-func (r *run) doCreateNew() error {
+func (r *run) doCreateNew() error { return r.createNew(r.newReq) }
+
+// createNew creates the new container from req (newReq, or an overlap's
+// copy of it with the bind trap); newReq is what is recorded.
+func (r *run) createNew(req *runtimeapi.CreateContainerRequest) error {
 	r.fence.MaskNew(r.e.fences, r.t.status, r.t.container)
 	resp, err := runToEnd(r.ctx, func(ctx context.Context) (*runtimeapi.CreateContainerResponse, error) {
-		return r.e.rt.CreateContainer(ctx, r.newReq)
+		return r.e.rt.CreateContainer(ctx, req)
 	})
 	if err != nil {
 		return err

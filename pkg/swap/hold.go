@@ -229,6 +229,9 @@ func (r *run) holdConnections() error {
 	r.listeners = make(chan []uint16, 1)
 	r.holdListened = listened
 	r.newStarted = make(chan struct{})
+	if !r.newAt.IsZero() { // an overlap that fell back: the new container runs already
+		r.newOnce.Do(func() { close(r.newStarted) })
+	}
 	go r.watchHold(r.ctx, h)
 	return nil
 }

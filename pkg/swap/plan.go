@@ -56,6 +56,9 @@ const (
 	actCommitRevert    action = "drop the sticky override"
 	actCommitKubelet   action = "drop an override the spec change ended"
 	actRollback        action = "remove the new container, create and start the old config again"
+	actCreateTrapped   action = "write the bind trap's seccomp profile, register the old container with the agent, create the new container with the trap"
+	actStartOverlap    action = "start the new container while the old one runs"
+	actHandover        action = "wait until every port the old container listens on is handed over; else fall back to stop-first"
 )
 
 // undo names what brings the pod back to "the old container runs" from the
@@ -108,6 +111,7 @@ type planSpec struct {
 	preStop   bool   // the request does not skip preStop
 	postStart bool   // the request has a postStart handler
 	hold      bool   // a connection hold is planned (connectionHold)
+	overlap   bool   // the overlap strategy runs (chooseStrategy)
 }
 
 // planFor returns the steps of a swap. It decides everything that depends
@@ -121,6 +125,9 @@ type planSpec struct {
 // names would fight kubelet; it runs no preStop (kubelet already ran it).
 func planFor(s planSpec) []step {
 	kube := s.kind == KindKubelet
+	if s.overlap {
+		return overlapPlan(s)
+	}
 	afterStop, pullFailed := undoRollback, "pull failed, old container untouched"
 	var plan []step
 	if kube {
@@ -153,10 +160,7 @@ func planFor(s planSpec) []step {
 	if s.hold {
 		connHold.name, connHold.do, connHold.optional = StepConnectionHold, actHoldConnections, true
 	}
-	stop := actStopOld
-	if kube {
-		stop = actStopOldKube
-	}
+	stop := map[bool]action{false: actStopOld, true: actStopOldKube}[kube]
 	plan = append(plan, connHold,
 		step{name: StepStopOld, journal: store.StepStopOld, do: stop, undo: afterStop, failure: "stop old container"},
 		step{name: StepStartNew, journal: store.StepStartNew, do: actStartNew, undo: afterStop,
@@ -179,6 +183,102 @@ func planFor(s planSpec) []step {
 	return plan
 }
 
+// Abort texts of the steps that check for an abort.
+const (
+	abortedBeforeStop = "aborted before the old container was stopped"
+	abortedAfterStop  = "aborted after the old container was stopped"
+)
+
+// overlapPlan is the plan of an overlap swap: the new container is created
+// with the bind trap and started while the old one runs, takes over the old
+// one's listening sockets (handover) and, unless kubelet drives the swap
+// (its probes judge the spec's image), proves healthy with both running;
+// only then is the old one stopped, draining what it accepted. Until the
+// stop every undo removes the new container: the old one never stopped
+// accepting (kubelet's waiting stop then goes ahead as it asked). Nothing
+// is journaled between start-new (StepOverlap) and the stop: recovery from
+// there removes the new container. A handover that cannot complete goes on
+// with fallbackPlan.
+func overlapPlan(s planSpec) []step {
+	kube := s.kind == KindKubelet
+	plan := overlapHead(s)
+	plan = append(plan,
+		step{name: StepCreateNew, journal: store.StepCreateNew, do: actCreateTrapped, undo: undoRemoveNew, failure: "create new container"},
+		step{name: StepStartNew, journal: store.StepOverlap, do: actStartOverlap, undo: undoRemoveNew, failure: "start new container"},
+		step{name: StepHandover, do: actHandover, undo: undoRemoveNew, failure: "handover"})
+	if !kube {
+		if s.postStart {
+			plan = append(plan, step{name: StepPostStart, do: actPostStart, undo: undoRemoveNew, failure: "postStart hook"})
+		}
+		plan = append(plan, step{name: StepHealthGate, do: actHealthGate, undo: undoRemoveNew, failure: "health gate"})
+		plan = append(plan, beforeStop(s)...)
+	}
+	stop, commit := stopAndCommit(s.kind)
+	stop.aborted = abortedBeforeStop
+	return append(plan, stop, commit)
+}
+
+// overlapHead is an overlap's pull and config: a kubelet-driven one pulls
+// before kubelet's StopContainer and waits for it, as a stop-first one does.
+func overlapHead(s planSpec) []step {
+	const pullFailed = "pull failed, old container untouched"
+	if s.kind == KindKubelet {
+		return []step{{name: StepPull, do: actPullKubelet, failure: pullFailed}, {do: actProceed},
+			{journal: store.StepPrepared, do: actKubeletConfig}}
+	}
+	config := actConfig
+	if s.specHash {
+		config = actConfigSpec
+	}
+	return []step{{name: StepPull, journal: store.StepPrepared, do: actPull, failure: pullFailed}, {do: config}}
+}
+
+// stopAndCommit are the stop of the old container and the commit of an
+// overlap swap of kind, and of its fallback.
+func stopAndCommit(kind string) (stop, commit step) {
+	if kind == KindKubelet {
+		return step{name: StepStopOld, journal: store.StepStopOld, do: actStopOldKube, undo: undoStepAside, failure: "stop old container"},
+			step{name: StepCommit, do: actCommitKubelet, undo: undoStepAside, optional: true}
+	}
+	return step{name: StepStopOld, journal: store.StepStopOld, do: actStopOld, undo: undoRollback, failure: "stop old container"},
+		step{name: StepCommit, do: actCommit, undo: undoRollback, optional: true}
+}
+
+// beforeStop are the optional steps before an overlap's stop of the old
+// container: the caller's drain and the preStop handler (not journaled:
+// the journal stays at StepOverlap, from which recovery removes the new
+// container).
+func beforeStop(s planSpec) []step {
+	var plan []step
+	if s.drain {
+		plan = append(plan, step{name: StepDrain, do: actDrain, undo: undoRemoveNew, optional: true})
+	}
+	if s.preStop && s.kind != KindKubelet {
+		plan = append(plan, step{name: StepPreStop, do: actPreStop, undo: undoRemoveNew, optional: true})
+	}
+	return plan
+}
+
+// fallbackPlan is the rest of an overlap swap whose handover did not
+// complete (a port the new container did not bind by the deadline, or a
+// bind that cannot be handed over): stop-first with the connection hold
+// from there. The new container runs already; a bind of it that waits
+// for the old socket continues in the kernel once the old one is gone.
+func fallbackPlan(s planSpec) []step {
+	plan := beforeStop(s)
+	connHold := step{do: actRecordNoHold, undo: undoRemoveNew, aborted: abortedBeforeStop}
+	if s.hold {
+		connHold.name, connHold.do, connHold.optional = StepConnectionHold, actHoldConnections, true
+	}
+	stop, commit := stopAndCommit(s.kind)
+	plan = append(plan, connHold, stop)
+	if s.kind != KindKubelet {
+		plan = append(plan, step{name: StepHealthGate, journal: store.StepHealthGate, do: actHealthGate, undo: undoRollback,
+			failure: "health gate", aborted: abortedAfterStop})
+	}
+	return append(plan, commit)
+}
+
 // rollbackPlan is the plan of undoRollback: one step, journaled, that
 // removes the new container and creates the old configuration again as the
 // next attempt.
@@ -197,6 +297,29 @@ var planKinds = []struct {
 	{"env from pod metadata", planSpec{kind: KindSwap, preStop: true, hold: true}},
 	{"revert (inplacectl revert)", planSpec{kind: KindRevert, preStop: true, hold: true, postStart: true}},
 	{"kubelet-driven (pod spec image)", planSpec{kind: KindKubelet, hold: true}},
+	{"node-local, overlap (inplaced.io/swap-strategy: overlap)", planSpec{kind: KindSwap, preStop: true, hold: true, postStart: true, overlap: true}},
+	{"request on the pod, overlap", planSpec{kind: KindSwap, drain: true, specHash: true, preStop: true, hold: true, postStart: true, overlap: true}},
+	{"kubelet-driven, overlap", planSpec{kind: KindKubelet, hold: true, overlap: true}},
+}
+
+// names lists a plan's shown steps, in brackets those the minimal plan
+// of its kind does not have.
+func names(plan, minimal []step) string {
+	always := map[string]bool{}
+	for _, s := range minimal {
+		always[s.name] = true
+	}
+	var out []string
+	for _, s := range plan {
+		switch {
+		case s.name == "":
+		case always[s.name]:
+			out = append(out, s.name)
+		default:
+			out = append(out, "["+s.name+"]")
+		}
+	}
+	return strings.Join(out, " → ")
 }
 
 // renderPlans writes the shown steps of every kind of swap, indented for
@@ -206,22 +329,10 @@ func renderPlans() string {
 	for _, k := range planKinds {
 		minimal := k.spec
 		minimal.drain, minimal.specHash, minimal.preStop, minimal.postStart, minimal.hold = false, false, false, false, false
-		always := map[string]bool{}
-		for _, s := range planFor(minimal) {
-			always[s.name] = true
-		}
-		var names []string
-		for _, s := range planFor(k.spec) {
-			switch {
-			case s.name == "":
-			case always[s.name]:
-				names = append(names, s.name)
-			default:
-				names = append(names, "["+s.name+"]")
-			}
-		}
-		b.WriteString("\t" + k.name + ":\n\t\t" + strings.Join(names, " → ") + "\n")
+		b.WriteString("\t" + k.name + ":\n\t\t" + names(planFor(k.spec), planFor(minimal)) + "\n")
 	}
+	b.WriteString("\toverlap, after a handover that did not complete:\n\t\t" + names(fallbackPlan(planSpec{kind: KindSwap, drain: true, preStop: true, hold: true}), fallbackPlan(planSpec{kind: KindSwap})) + "\n")
+	b.WriteString("\tkubelet-driven overlap, after a handover that did not complete:\n\t\t" + names(fallbackPlan(planSpec{kind: KindKubelet, hold: true}), fallbackPlan(planSpec{kind: KindKubelet})) + "\n")
 	b.WriteString("\tany failure after stop-old (not kubelet-driven):\n\t\t" + rollbackPlan()[0].name + "\n")
 	return b.String()
 }

@@ -87,7 +87,8 @@ type recoveryPlan struct {
 // planRecovery decides how to settle an unfinished swap from its journal
 // entry and what the runtime reports, without touching either. Forward
 // when the new container runs (unless a rollback had begun: it decided
-// against the new container); otherwise the new container goes and the
+// against the new container; or the old one still runs: an overlap cut
+// before its stop); otherwise the new container goes and the
 // newest running container of the name is what runs, or, when none runs,
 // the old configuration is created again.
 func planRecovery(j *journaled, rt runtimeView) recoveryPlan {
@@ -109,12 +110,26 @@ func planRecovery(j *journaled, rt runtimeView) recoveryPlan {
 	case rt.sandboxGone:
 		p.removeNew()
 		p.end = recoveryEnd{state: inplacedv1.SwapState_SWAP_STATE_ABORTED, msg: msgPodGone}
-	case newC != nil && newC.State == runtimeapi.ContainerState_CONTAINER_RUNNING && j.Step != store.StepRollingBack:
+	case newC != nil && newC.State == runtimeapi.ContainerState_CONTAINER_RUNNING && j.Step != store.StepRollingBack &&
+		!oldRunning(same, j.OldContainerID):
 		p.rollForward(j)
 	default:
 		p.rollBack(j, same)
 	}
 	return p
+}
+
+// oldRunning reports whether the swap's old container still runs: an
+// overlap swap (or its stop) was cut before the old container stopped, and
+// the name must not be left with two running containers. The old one runs
+// on; the new one goes.
+func oldRunning(same []*runtimeapi.Container, oldID string) bool {
+	for _, c := range same {
+		if c.Id == oldID && c.State == runtimeapi.ContainerState_CONTAINER_RUNNING {
+			return true
+		}
+	}
+	return false
 }
 
 // swapContainers picks the swap's containers out of the sandbox's: those

@@ -104,6 +104,15 @@ var (
 		{store.StepHealthGate, "runs: proving itself, or committing", true, []*runtimeapi.Container{oldExited, newRuns}, rollsFwd},
 		{store.StepHealthGate, "exited", true, []*runtimeapi.Container{oldExited, newExited}, rollsBack(1)},
 
+		// An overlap swap: the new container started while the old one
+		// runs; nothing is journaled until the stop.
+		{store.StepOverlap, "created, not started", true, []*runtimeapi.Container{oldRuns, newCreated}, removeNew},
+		{store.StepOverlap, "both run", true, []*runtimeapi.Container{oldRuns, newRuns}, removeNew},
+		{store.StepOverlap, "the new one exited", true, []*runtimeapi.Container{oldRuns, newExited}, removeNew},
+		{store.StepOverlap, "the old one exited, the new one serves", true, []*runtimeapi.Container{oldExited, newRuns}, rollsFwd},
+		{store.StepStopOld, "overlap: both run, the stop not done", true, []*runtimeapi.Container{oldRuns, newRuns}, removeNew},
+		{store.StepStopOld, "overlap: stopped, the new one serves", true, []*runtimeapi.Container{oldExited, newRuns}, rollsFwd},
+
 		{store.StepRollingBack, "the new container still runs: the swap had given up on it", true, []*runtimeapi.Container{oldExited, newRuns}, rollsBack(1)},
 		{store.StepRollingBack, "the new container removed", true, []*runtimeapi.Container{oldExited}, rollsBack(1)},
 		{store.StepRollingBack, "the rollback container created, not started", true, []*runtimeapi.Container{oldExited, rbCreated}, rollsBack(2)},

@@ -76,6 +76,8 @@ type run struct {
 	newStarted chan struct{}
 	newOnce    sync.Once
 	newAt      time.Time
+	// tk is an overlap swap's handover (nil: stop-first).
+	tk *takeoverRun
 
 	// The execution's state, owned by the run's goroutine (exec.go): the
 	// context (the fence's once it is taken), how the fence is released,
@@ -417,6 +419,7 @@ func (r *run) exitCode(ctx context.Context, id string) int32 {
 func (r *run) finish(out fence.Outcome, state inplacedv1.SwapState, err error) {
 	r.markStarted() // a swap that ended before start-new: the hold's watcher waits for no start
 	r.endHold()
+	r.endTakeover()
 	r.rec.State = state
 	r.rec.FinishedUnixNano = r.e.now().UnixNano()
 	r.rec.SandboxKept = r.e.sandboxKept(r.rec.SandboxId, r.t.identity)

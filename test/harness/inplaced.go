@@ -31,6 +31,10 @@ type Inplaced struct {
 	// as systemd does — fd 3, LISTEN_FDS=1, LISTEN_PID, LISTEN_FDNAMES —
 	// and it outlives every process.
 	Activated *os.File
+	// Stored are fds kept as systemd's fd store keeps them (a test's
+	// stand-in for it gets them through NOTIFY_SOCKET's FDSTORE=1): each
+	// Start passes them after Activated, named by their Name().
+	Stored []*os.File
 
 	tb      testing.TB
 	mu      sync.Mutex
@@ -142,6 +146,19 @@ func startInplaced(tb testing.TB, bin, backendEndpoint string, args []string, ac
 	return d
 }
 
+// passed are the files a Start passes as systemd would, with their names.
+func (d *Inplaced) passed() ([]*os.File, []string) {
+	var files []*os.File
+	var names []string
+	if d.Activated != nil {
+		files, names = append(files, d.Activated), append(names, "inplaced.socket")
+	}
+	for _, f := range d.Stored {
+		files, names = append(files, f), append(names, f.Name())
+	}
+	return files, names
+}
+
 // Start (re)starts the daemon with the same state dir and sockets.
 func (d *Inplaced) Start(env ...string) error {
 	bin := d.Bin
@@ -161,14 +178,15 @@ func (d *Inplaced) Start(env ...string) error {
 		return err
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(filteredEnv("NOTIFY_SOCKET", "INPLACED_TEST_CRASH_AFTER", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"), env...)
-	if d.Activated != nil {
+	env = append(filteredEnv("NOTIFY_SOCKET", "INPLACED_TEST_CRASH_AFTER", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"), env...)
+	if files, names := d.passed(); len(files) > 0 {
 		// LISTEN_PID is the pid of the process that runs inplaced, known
 		// only once it runs: a shell sets it to its own, then execs.
 		cmd = exec.Command("/bin/sh", append([]string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, bin}, args...)...)
-		cmd.ExtraFiles = []*os.File{d.Activated}
-		cmd.Env = append(cmd.Env, "LISTEN_FDS=1", "LISTEN_FDNAMES=inplaced.socket")
+		cmd.ExtraFiles = files
+		env = append(env, fmt.Sprintf("LISTEN_FDS=%d", len(files)), "LISTEN_FDNAMES="+strings.Join(names, ":"))
 	}
+	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/inplaced/inplaced/pkg/strategy"
 )
 
 // SwapRequest is the JSON of the inplaced.io/swap annotation.
@@ -31,13 +33,17 @@ type SwapRequest struct {
 	// DrainSeconds: the pod is NotReady (readiness gate) this long before
 	// the old container stops.
 	DrainSeconds int64 `json:"drainSeconds,omitempty"`
+	// Strategy is how the old container is replaced: "stop-first" or
+	// "overlap" (package strategy); empty: the pod's annotation
+	// inplaced.io/swap-strategy, else the node's default.
+	Strategy string `json:"strategy,omitempty"`
 
 	hasCommand, hasArgs bool
 }
 
 // requestFields are the keys a request may hold.
 var requestFields = []string{"container", "image", "env", "unsetEnv", "command", "args",
-	"healthHttp", "healthTcp", "healthExec", "minRuntime", "drainSeconds"}
+	"healthHttp", "healthTcp", "healthExec", "minRuntime", "drainSeconds", "strategy"}
 
 // immutableFields are what people ask for that cannot change in place.
 var immutableFields = map[string]string{
@@ -137,6 +143,13 @@ func (r *SwapRequest) checkChange() error {
 		return &RequestError{Field: "healthTcp", Why: "want a port 1-65535"}
 	case r.DrainSeconds < 0 || r.DrainSeconds > 3600:
 		return &RequestError{Field: "drainSeconds", Why: "want 0-3600"}
+	}
+	if r.Strategy != "" {
+		st, err := strategy.Parse(r.Strategy)
+		if err != nil {
+			return &RequestError{Field: "strategy", Why: err.Error()}
+		}
+		r.Strategy = string(st)
 	}
 	return nil
 }

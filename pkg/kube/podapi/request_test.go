@@ -11,6 +11,7 @@ func TestParseSwapRequest(t *testing.T) {
 		`{"container":"app","env":{"K":"V"}}`,
 		`{"container":"app","image":"registry.local/app:v2","unsetEnv":["X"],"args":[],"healthHttp":"8080/healthz","minRuntime":"2s","drainSeconds":3}`,
 		`{"container":"app","command":["/app","-listen",":9090"],"healthTcp":9090}`,
+		`{"container":"app","image":"x","strategy":" Overlap"}`,
 	}
 	for _, raw := range ok {
 		if _, err := ParseSwapRequest(raw); err != nil {
@@ -22,7 +23,11 @@ func TestParseSwapRequest(t *testing.T) {
 		r.MinRuntime != "2s" || r.DrainSeconds != 3 || port != 8080 || path != "/healthz" {
 		t.Errorf("request %+v, health %d %q", r, port, path)
 	}
+	if r, _ := ParseSwapRequest(ok[3]); r.Strategy != "overlap" {
+		t.Errorf("strategy %q, want overlap as the engine reads it", r.Strategy)
+	}
 	bad := map[string]string{
+		`{"container":"app","image":"x","strategy":"blue-green"}`: "strategy",
 		`not json`:                              "",
 		`[]`:                                    "",
 		`null`:                                  "",

@@ -599,8 +599,12 @@ type SwapOptions struct {
 	HealthCheck     *Handler `protobuf:"bytes,5,opt,name=health_check,json=healthCheck,proto3" json:"health_check,omitempty"`
 	HealthTimeoutMs int64    `protobuf:"varint,6,opt,name=health_timeout_ms,json=healthTimeoutMs,proto3" json:"health_timeout_ms,omitempty"`
 	SkipPreStop     bool     `protobuf:"varint,7,opt,name=skip_pre_stop,json=skipPreStop,proto3" json:"skip_pre_stop,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// How the old container is replaced: "stop-first" or "overlap" (package
+	// strategy); "" = the pod's annotation inplaced.io/swap-strategy, else
+	// the node's --swap-strategy.
+	Strategy      string `protobuf:"bytes,8,opt,name=strategy,proto3" json:"strategy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SwapOptions) Reset() {
@@ -680,6 +684,13 @@ func (x *SwapOptions) GetSkipPreStop() bool {
 		return x.SkipPreStop
 	}
 	return false
+}
+
+func (x *SwapOptions) GetStrategy() string {
+	if x != nil {
+		return x.Strategy
+	}
+	return ""
 }
 
 type SwapRequest struct {
@@ -1003,7 +1014,14 @@ type SwapRecord struct {
 	RuntimeHandler string `protobuf:"bytes,23,opt,name=runtime_handler,json=runtimeHandler,proto3" json:"runtime_handler,omitempty"`
 	SandboxKept    bool   `protobuf:"varint,24,opt,name=sandbox_kept,json=sandboxKept,proto3" json:"sandbox_kept,omitempty"`
 	// the connection hold around stop-old/start-new (see HoldRecord).
-	Hold          *HoldRecord `protobuf:"bytes,25,opt,name=hold,proto3" json:"hold,omitempty"`
+	Hold *HoldRecord `protobuf:"bytes,25,opt,name=hold,proto3" json:"hold,omitempty"`
+	// The strategy that ran: "stop-first" or "overlap".
+	Strategy string `protobuf:"bytes,26,opt,name=strategy,proto3" json:"strategy,omitempty"`
+	// Where the strategy came from, and when overlap was asked for but
+	// stop-first ran (before the start, or at the handover's deadline), why.
+	StrategyWhy string `protobuf:"bytes,27,opt,name=strategy_why,json=strategyWhy,proto3" json:"strategy_why,omitempty"`
+	// overlap: the handover of the old container's listening sockets.
+	Takeover      *TakeoverRecord `protobuf:"bytes,28,opt,name=takeover,proto3" json:"takeover,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1213,6 +1231,97 @@ func (x *SwapRecord) GetHold() *HoldRecord {
 	return nil
 }
 
+func (x *SwapRecord) GetStrategy() string {
+	if x != nil {
+		return x.Strategy
+	}
+	return ""
+}
+
+func (x *SwapRecord) GetStrategyWhy() string {
+	if x != nil {
+		return x.StrategyWhy
+	}
+	return ""
+}
+
+func (x *SwapRecord) GetTakeover() *TakeoverRecord {
+	if x != nil {
+		return x.Takeover
+	}
+	return nil
+}
+
+// TakeoverRecord is how the new container of an overlap swap took over the
+// old one's listening sockets.
+type TakeoverRecord struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ports         []uint32               `protobuf:"varint,1,rep,packed,name=ports,proto3" json:"ports,omitempty"`                             // the TCP ports the old container listened on
+	HandedOver    []uint32               `protobuf:"varint,2,rep,packed,name=handed_over,json=handedOver,proto3" json:"handed_over,omitempty"` // those the new one's bind() took over
+	HandoverNs    int64                  `protobuf:"varint,3,opt,name=handover_ns,json=handoverNs,proto3" json:"handover_ns,omitempty"`        // start-new → the last port handed over
+	FellBack      bool                   `protobuf:"varint,4,opt,name=fell_back,json=fellBack,proto3" json:"fell_back,omitempty"`              // the deadline passed: stop-first with the hold from there
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TakeoverRecord) Reset() {
+	*x = TakeoverRecord{}
+	mi := &file_inplaced_v1_control_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TakeoverRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TakeoverRecord) ProtoMessage() {}
+
+func (x *TakeoverRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_inplaced_v1_control_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TakeoverRecord.ProtoReflect.Descriptor instead.
+func (*TakeoverRecord) Descriptor() ([]byte, []int) {
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *TakeoverRecord) GetPorts() []uint32 {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+func (x *TakeoverRecord) GetHandedOver() []uint32 {
+	if x != nil {
+		return x.HandedOver
+	}
+	return nil
+}
+
+func (x *TakeoverRecord) GetHandoverNs() int64 {
+	if x != nil {
+		return x.HandoverNs
+	}
+	return 0
+}
+
+func (x *TakeoverRecord) GetFellBack() bool {
+	if x != nil {
+		return x.FellBack
+	}
+	return false
+}
+
 // HoldRecord is what a swap did to keep new connections from being refused
 // while no process listened: new SYNs to the container's ports were parked
 // (queue) or dropped (drop) in the pod's network namespace, or nothing was
@@ -1239,7 +1348,7 @@ type HoldRecord struct {
 
 func (x *HoldRecord) Reset() {
 	*x = HoldRecord{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[12]
+	mi := &file_inplaced_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1251,7 +1360,7 @@ func (x *HoldRecord) String() string {
 func (*HoldRecord) ProtoMessage() {}
 
 func (x *HoldRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[12]
+	mi := &file_inplaced_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1264,7 +1373,7 @@ func (x *HoldRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRecord.ProtoReflect.Descriptor instead.
 func (*HoldRecord) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HoldRecord) GetMode() string {
@@ -1361,7 +1470,7 @@ type HoldPort struct {
 
 func (x *HoldPort) Reset() {
 	*x = HoldPort{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[13]
+	mi := &file_inplaced_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1373,7 +1482,7 @@ func (x *HoldPort) String() string {
 func (*HoldPort) ProtoMessage() {}
 
 func (x *HoldPort) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[13]
+	mi := &file_inplaced_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1386,7 +1495,7 @@ func (x *HoldPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldPort.ProtoReflect.Descriptor instead.
 func (*HoldPort) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HoldPort) GetPort() uint32 {
@@ -1459,7 +1568,7 @@ type SwapEvent struct {
 
 func (x *SwapEvent) Reset() {
 	*x = SwapEvent{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[14]
+	mi := &file_inplaced_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1580,7 @@ func (x *SwapEvent) String() string {
 func (*SwapEvent) ProtoMessage() {}
 
 func (x *SwapEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[14]
+	mi := &file_inplaced_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1593,7 @@ func (x *SwapEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SwapEvent.ProtoReflect.Descriptor instead.
 func (*SwapEvent) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{14}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SwapEvent) GetSwapId() string {
@@ -1538,7 +1647,7 @@ type WatchSwapRequest struct {
 
 func (x *WatchSwapRequest) Reset() {
 	*x = WatchSwapRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[15]
+	mi := &file_inplaced_v1_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1550,7 +1659,7 @@ func (x *WatchSwapRequest) String() string {
 func (*WatchSwapRequest) ProtoMessage() {}
 
 func (x *WatchSwapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[15]
+	mi := &file_inplaced_v1_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1563,7 +1672,7 @@ func (x *WatchSwapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSwapRequest.ProtoReflect.Descriptor instead.
 func (*WatchSwapRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{15}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WatchSwapRequest) GetId() string {
@@ -1582,7 +1691,7 @@ type GetSwapRequest struct {
 
 func (x *GetSwapRequest) Reset() {
 	*x = GetSwapRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[16]
+	mi := &file_inplaced_v1_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +1703,7 @@ func (x *GetSwapRequest) String() string {
 func (*GetSwapRequest) ProtoMessage() {}
 
 func (x *GetSwapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[16]
+	mi := &file_inplaced_v1_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +1716,7 @@ func (x *GetSwapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSwapRequest.ProtoReflect.Descriptor instead.
 func (*GetSwapRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{16}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetSwapRequest) GetId() string {
@@ -1626,7 +1735,7 @@ type ListSwapsRequest struct {
 
 func (x *ListSwapsRequest) Reset() {
 	*x = ListSwapsRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[17]
+	mi := &file_inplaced_v1_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1638,7 +1747,7 @@ func (x *ListSwapsRequest) String() string {
 func (*ListSwapsRequest) ProtoMessage() {}
 
 func (x *ListSwapsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[17]
+	mi := &file_inplaced_v1_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1651,7 +1760,7 @@ func (x *ListSwapsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSwapsRequest.ProtoReflect.Descriptor instead.
 func (*ListSwapsRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{17}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListSwapsRequest) GetTarget() *Target {
@@ -1670,7 +1779,7 @@ type ListSwapsResponse struct {
 
 func (x *ListSwapsResponse) Reset() {
 	*x = ListSwapsResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[18]
+	mi := &file_inplaced_v1_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1682,7 +1791,7 @@ func (x *ListSwapsResponse) String() string {
 func (*ListSwapsResponse) ProtoMessage() {}
 
 func (x *ListSwapsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[18]
+	mi := &file_inplaced_v1_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1695,7 +1804,7 @@ func (x *ListSwapsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSwapsResponse.ProtoReflect.Descriptor instead.
 func (*ListSwapsResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{18}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListSwapsResponse) GetSwaps() []*SwapRecord {
@@ -1715,7 +1824,7 @@ type RevertRequest struct {
 
 func (x *RevertRequest) Reset() {
 	*x = RevertRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[19]
+	mi := &file_inplaced_v1_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1727,7 +1836,7 @@ func (x *RevertRequest) String() string {
 func (*RevertRequest) ProtoMessage() {}
 
 func (x *RevertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[19]
+	mi := &file_inplaced_v1_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1740,7 +1849,7 @@ func (x *RevertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevertRequest.ProtoReflect.Descriptor instead.
 func (*RevertRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{19}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RevertRequest) GetTarget() *Target {
@@ -1773,7 +1882,7 @@ type Override struct {
 
 func (x *Override) Reset() {
 	*x = Override{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[20]
+	mi := &file_inplaced_v1_control_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1785,7 +1894,7 @@ func (x *Override) String() string {
 func (*Override) ProtoMessage() {}
 
 func (x *Override) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[20]
+	mi := &file_inplaced_v1_control_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1798,7 +1907,7 @@ func (x *Override) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Override.ProtoReflect.Descriptor instead.
 func (*Override) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{20}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Override) GetNamespace() string {
@@ -1865,7 +1974,7 @@ type ListOverridesRequest struct {
 
 func (x *ListOverridesRequest) Reset() {
 	*x = ListOverridesRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[21]
+	mi := &file_inplaced_v1_control_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1877,7 +1986,7 @@ func (x *ListOverridesRequest) String() string {
 func (*ListOverridesRequest) ProtoMessage() {}
 
 func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[21]
+	mi := &file_inplaced_v1_control_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1890,7 +1999,7 @@ func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesRequest.ProtoReflect.Descriptor instead.
 func (*ListOverridesRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{21}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{22}
 }
 
 type ListOverridesResponse struct {
@@ -1902,7 +2011,7 @@ type ListOverridesResponse struct {
 
 func (x *ListOverridesResponse) Reset() {
 	*x = ListOverridesResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[22]
+	mi := &file_inplaced_v1_control_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1914,7 +2023,7 @@ func (x *ListOverridesResponse) String() string {
 func (*ListOverridesResponse) ProtoMessage() {}
 
 func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[22]
+	mi := &file_inplaced_v1_control_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1927,7 +2036,7 @@ func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesResponse.ProtoReflect.Descriptor instead.
 func (*ListOverridesResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{22}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListOverridesResponse) GetOverrides() []*Override {
@@ -1947,7 +2056,7 @@ type ResizeRequest struct {
 
 func (x *ResizeRequest) Reset() {
 	*x = ResizeRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[23]
+	mi := &file_inplaced_v1_control_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1959,7 +2068,7 @@ func (x *ResizeRequest) String() string {
 func (*ResizeRequest) ProtoMessage() {}
 
 func (x *ResizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[23]
+	mi := &file_inplaced_v1_control_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1972,7 +2081,7 @@ func (x *ResizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeRequest.ProtoReflect.Descriptor instead.
 func (*ResizeRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{23}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResizeRequest) GetTarget() *Target {
@@ -2001,7 +2110,7 @@ type ResizeValues struct {
 
 func (x *ResizeValues) Reset() {
 	*x = ResizeValues{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[24]
+	mi := &file_inplaced_v1_control_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2013,7 +2122,7 @@ func (x *ResizeValues) String() string {
 func (*ResizeValues) ProtoMessage() {}
 
 func (x *ResizeValues) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[24]
+	mi := &file_inplaced_v1_control_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2026,7 +2135,7 @@ func (x *ResizeValues) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeValues.ProtoReflect.Descriptor instead.
 func (*ResizeValues) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{24}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResizeValues) GetCpuQuota() int64 {
@@ -2097,7 +2206,7 @@ type ResizeRecord struct {
 
 func (x *ResizeRecord) Reset() {
 	*x = ResizeRecord{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[25]
+	mi := &file_inplaced_v1_control_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2109,7 +2218,7 @@ func (x *ResizeRecord) String() string {
 func (*ResizeRecord) ProtoMessage() {}
 
 func (x *ResizeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[25]
+	mi := &file_inplaced_v1_control_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2122,7 +2231,7 @@ func (x *ResizeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeRecord.ProtoReflect.Descriptor instead.
 func (*ResizeRecord) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{25}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResizeRecord) GetId() string {
@@ -2281,7 +2390,7 @@ type ListResizesRequest struct {
 
 func (x *ListResizesRequest) Reset() {
 	*x = ListResizesRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[26]
+	mi := &file_inplaced_v1_control_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2293,7 +2402,7 @@ func (x *ListResizesRequest) String() string {
 func (*ListResizesRequest) ProtoMessage() {}
 
 func (x *ListResizesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[26]
+	mi := &file_inplaced_v1_control_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2306,7 +2415,7 @@ func (x *ListResizesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResizesRequest.ProtoReflect.Descriptor instead.
 func (*ListResizesRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{26}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListResizesRequest) GetTarget() *Target {
@@ -2325,7 +2434,7 @@ type ListResizesResponse struct {
 
 func (x *ListResizesResponse) Reset() {
 	*x = ListResizesResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[27]
+	mi := &file_inplaced_v1_control_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2337,7 +2446,7 @@ func (x *ListResizesResponse) String() string {
 func (*ListResizesResponse) ProtoMessage() {}
 
 func (x *ListResizesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[27]
+	mi := &file_inplaced_v1_control_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2350,7 +2459,7 @@ func (x *ListResizesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResizesResponse.ProtoReflect.Descriptor instead.
 func (*ListResizesResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{27}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListResizesResponse) GetResizes() []*ResizeRecord {
@@ -2368,7 +2477,7 @@ type CheckPodsRequest struct {
 
 func (x *CheckPodsRequest) Reset() {
 	*x = CheckPodsRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[28]
+	mi := &file_inplaced_v1_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2380,7 +2489,7 @@ func (x *CheckPodsRequest) String() string {
 func (*CheckPodsRequest) ProtoMessage() {}
 
 func (x *CheckPodsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[28]
+	mi := &file_inplaced_v1_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2393,7 +2502,7 @@ func (x *CheckPodsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckPodsRequest.ProtoReflect.Descriptor instead.
 func (*CheckPodsRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{28}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{29}
 }
 
 type PodFit struct {
@@ -2407,7 +2516,7 @@ type PodFit struct {
 
 func (x *PodFit) Reset() {
 	*x = PodFit{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[29]
+	mi := &file_inplaced_v1_control_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2419,7 +2528,7 @@ func (x *PodFit) String() string {
 func (*PodFit) ProtoMessage() {}
 
 func (x *PodFit) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[29]
+	mi := &file_inplaced_v1_control_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2432,7 +2541,7 @@ func (x *PodFit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodFit.ProtoReflect.Descriptor instead.
 func (*PodFit) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{29}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PodFit) GetNamespace() string {
@@ -2467,7 +2576,7 @@ type CheckPodsResponse struct {
 
 func (x *CheckPodsResponse) Reset() {
 	*x = CheckPodsResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[30]
+	mi := &file_inplaced_v1_control_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2479,7 +2588,7 @@ func (x *CheckPodsResponse) String() string {
 func (*CheckPodsResponse) ProtoMessage() {}
 
 func (x *CheckPodsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[30]
+	mi := &file_inplaced_v1_control_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2492,7 +2601,7 @@ func (x *CheckPodsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckPodsResponse.ProtoReflect.Descriptor instead.
 func (*CheckPodsResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{30}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CheckPodsResponse) GetNode() string {
@@ -2526,7 +2635,7 @@ type PrepullRequest struct {
 
 func (x *PrepullRequest) Reset() {
 	*x = PrepullRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[31]
+	mi := &file_inplaced_v1_control_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2538,7 +2647,7 @@ func (x *PrepullRequest) String() string {
 func (*PrepullRequest) ProtoMessage() {}
 
 func (x *PrepullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[31]
+	mi := &file_inplaced_v1_control_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2551,7 +2660,7 @@ func (x *PrepullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepullRequest.ProtoReflect.Descriptor instead.
 func (*PrepullRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{31}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PrepullRequest) GetImages() []string {
@@ -2594,7 +2703,7 @@ type PullProgress struct {
 
 func (x *PullProgress) Reset() {
 	*x = PullProgress{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[32]
+	mi := &file_inplaced_v1_control_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2606,7 +2715,7 @@ func (x *PullProgress) String() string {
 func (*PullProgress) ProtoMessage() {}
 
 func (x *PullProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[32]
+	mi := &file_inplaced_v1_control_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2619,7 +2728,7 @@ func (x *PullProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullProgress.ProtoReflect.Descriptor instead.
 func (*PullProgress) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{32}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PullProgress) GetImage() string {
@@ -2736,7 +2845,7 @@ type CancelPrepullRequest struct {
 
 func (x *CancelPrepullRequest) Reset() {
 	*x = CancelPrepullRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[33]
+	mi := &file_inplaced_v1_control_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2748,7 +2857,7 @@ func (x *CancelPrepullRequest) String() string {
 func (*CancelPrepullRequest) ProtoMessage() {}
 
 func (x *CancelPrepullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[33]
+	mi := &file_inplaced_v1_control_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2761,7 +2870,7 @@ func (x *CancelPrepullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelPrepullRequest.ProtoReflect.Descriptor instead.
 func (*CancelPrepullRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{33}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CancelPrepullRequest) GetId() string {
@@ -2779,7 +2888,7 @@ type CancelPrepullResponse struct {
 
 func (x *CancelPrepullResponse) Reset() {
 	*x = CancelPrepullResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[34]
+	mi := &file_inplaced_v1_control_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2791,7 +2900,7 @@ func (x *CancelPrepullResponse) String() string {
 func (*CancelPrepullResponse) ProtoMessage() {}
 
 func (x *CancelPrepullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[34]
+	mi := &file_inplaced_v1_control_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2804,7 +2913,7 @@ func (x *CancelPrepullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelPrepullResponse.ProtoReflect.Descriptor instead.
 func (*CancelPrepullResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{34}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{35}
 }
 
 type ListContainersRequest struct {
@@ -2817,7 +2926,7 @@ type ListContainersRequest struct {
 
 func (x *ListContainersRequest) Reset() {
 	*x = ListContainersRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[35]
+	mi := &file_inplaced_v1_control_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2829,7 +2938,7 @@ func (x *ListContainersRequest) String() string {
 func (*ListContainersRequest) ProtoMessage() {}
 
 func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[35]
+	mi := &file_inplaced_v1_control_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2842,7 +2951,7 @@ func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
 func (*ListContainersRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{35}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListContainersRequest) GetNamespace() string {
@@ -2885,7 +2994,7 @@ type ContainerInfo struct {
 
 func (x *ContainerInfo) Reset() {
 	*x = ContainerInfo{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[36]
+	mi := &file_inplaced_v1_control_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2897,7 +3006,7 @@ func (x *ContainerInfo) String() string {
 func (*ContainerInfo) ProtoMessage() {}
 
 func (x *ContainerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[36]
+	mi := &file_inplaced_v1_control_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2910,7 +3019,7 @@ func (x *ContainerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerInfo.ProtoReflect.Descriptor instead.
 func (*ContainerInfo) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{36}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ContainerInfo) GetId() string {
@@ -3048,7 +3157,7 @@ type ListContainersResponse struct {
 
 func (x *ListContainersResponse) Reset() {
 	*x = ListContainersResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[37]
+	mi := &file_inplaced_v1_control_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3060,7 +3169,7 @@ func (x *ListContainersResponse) String() string {
 func (*ListContainersResponse) ProtoMessage() {}
 
 func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[37]
+	mi := &file_inplaced_v1_control_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3073,7 +3182,7 @@ func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
 func (*ListContainersResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{37}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListContainersResponse) GetContainers() []*ContainerInfo {
@@ -3093,7 +3202,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[38]
+	mi := &file_inplaced_v1_control_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3105,7 +3214,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[38]
+	mi := &file_inplaced_v1_control_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3118,7 +3227,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{38}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *WatchRequest) GetNamespace() string {
@@ -3157,7 +3266,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[39]
+	mi := &file_inplaced_v1_control_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3169,7 +3278,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[39]
+	mi := &file_inplaced_v1_control_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3182,7 +3291,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{39}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Event) GetKind() string {
@@ -3270,7 +3379,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[40]
+	mi := &file_inplaced_v1_control_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3282,7 +3391,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[40]
+	mi := &file_inplaced_v1_control_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3295,7 +3404,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{40}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{41}
 }
 
 // HealthProblem is one part of inplaced out of service. CRI pass-through
@@ -3313,7 +3422,7 @@ type HealthProblem struct {
 
 func (x *HealthProblem) Reset() {
 	*x = HealthProblem{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[41]
+	mi := &file_inplaced_v1_control_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3325,7 +3434,7 @@ func (x *HealthProblem) String() string {
 func (*HealthProblem) ProtoMessage() {}
 
 func (x *HealthProblem) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[41]
+	mi := &file_inplaced_v1_control_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3338,7 +3447,7 @@ func (x *HealthProblem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthProblem.ProtoReflect.Descriptor instead.
 func (*HealthProblem) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{41}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *HealthProblem) GetPart() string {
@@ -3389,7 +3498,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_inplaced_v1_control_proto_msgTypes[42]
+	mi := &file_inplaced_v1_control_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3401,7 +3510,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inplaced_v1_control_proto_msgTypes[42]
+	mi := &file_inplaced_v1_control_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3414,7 +3523,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{42}
+	return file_inplaced_v1_control_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *StatusResponse) GetVersion() string {
@@ -3508,7 +3617,7 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"\x04auth\x18\x03 \x01(\tR\x04auth\x12%\n" +
 	"\x0eserver_address\x18\x04 \x01(\tR\rserverAddress\x12%\n" +
 	"\x0eidentity_token\x18\x05 \x01(\tR\ridentityToken\x12%\n" +
-	"\x0eregistry_token\x18\x06 \x01(\tR\rregistryToken\"\xd4\x02\n" +
+	"\x0eregistry_token\x18\x06 \x01(\tR\rregistryToken\"\xf0\x02\n" +
 	"\vSwapOptions\x12/\n" +
 	"\bpre_stop\x18\x01 \x01(\v2\x14.inplaced.v1.HandlerR\apreStop\x123\n" +
 	"\n" +
@@ -3517,7 +3626,8 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"\x0emin_runtime_ms\x18\x04 \x01(\x03R\fminRuntimeMs\x127\n" +
 	"\fhealth_check\x18\x05 \x01(\v2\x14.inplaced.v1.HandlerR\vhealthCheck\x12*\n" +
 	"\x11health_timeout_ms\x18\x06 \x01(\x03R\x0fhealthTimeoutMs\x12\"\n" +
-	"\rskip_pre_stop\x18\a \x01(\bR\vskipPreStop\"\xca\x01\n" +
+	"\rskip_pre_stop\x18\a \x01(\bR\vskipPreStop\x12\x1a\n" +
+	"\bstrategy\x18\b \x01(\tR\bstrategy\"\xca\x01\n" +
 	"\vSwapRequest\x12+\n" +
 	"\x06target\x18\x01 \x01(\v2\x13.inplaced.v1.TargetR\x06target\x12+\n" +
 	"\x06change\x18\x02 \x01(\v2\x13.inplaced.v1.ChangeR\x06change\x122\n" +
@@ -3539,7 +3649,7 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\tR\x03env\x12\x18\n" +
 	"\acommand\x18\x03 \x03(\tR\acommand\x12\x12\n" +
-	"\x04args\x18\x04 \x03(\tR\x04args\"\xfa\x06\n" +
+	"\x04args\x18\x04 \x03(\tR\x04args\"\xf2\a\n" +
 	"\n" +
 	"SwapRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
@@ -3569,7 +3679,17 @@ const file_inplaced_v1_control_proto_rawDesc = "" +
 	"\timage_ref\x18\x16 \x01(\tR\bimageRef\x12'\n" +
 	"\x0fruntime_handler\x18\x17 \x01(\tR\x0eruntimeHandler\x12!\n" +
 	"\fsandbox_kept\x18\x18 \x01(\bR\vsandboxKept\x12+\n" +
-	"\x04hold\x18\x19 \x01(\v2\x17.inplaced.v1.HoldRecordR\x04hold\"\xed\x02\n" +
+	"\x04hold\x18\x19 \x01(\v2\x17.inplaced.v1.HoldRecordR\x04hold\x12\x1a\n" +
+	"\bstrategy\x18\x1a \x01(\tR\bstrategy\x12!\n" +
+	"\fstrategy_why\x18\x1b \x01(\tR\vstrategyWhy\x127\n" +
+	"\btakeover\x18\x1c \x01(\v2\x1b.inplaced.v1.TakeoverRecordR\btakeover\"\x85\x01\n" +
+	"\x0eTakeoverRecord\x12\x14\n" +
+	"\x05ports\x18\x01 \x03(\rR\x05ports\x12\x1f\n" +
+	"\vhanded_over\x18\x02 \x03(\rR\n" +
+	"handedOver\x12\x1f\n" +
+	"\vhandover_ns\x18\x03 \x01(\x03R\n" +
+	"handoverNs\x12\x1b\n" +
+	"\tfell_back\x18\x04 \x01(\bR\bfellBack\"\xed\x02\n" +
 	"\n" +
 	"HoldRecord\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x10\n" +
@@ -3799,7 +3919,7 @@ func file_inplaced_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_inplaced_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_inplaced_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_inplaced_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_inplaced_v1_control_proto_goTypes = []any{
 	(SwapState)(0),                 // 0: inplaced.v1.SwapState
 	(*Target)(nil),                 // 1: inplaced.v1.Target
@@ -3814,41 +3934,42 @@ var file_inplaced_v1_control_proto_goTypes = []any{
 	(*Caller)(nil),                 // 10: inplaced.v1.Caller
 	(*ConfigSummary)(nil),          // 11: inplaced.v1.ConfigSummary
 	(*SwapRecord)(nil),             // 12: inplaced.v1.SwapRecord
-	(*HoldRecord)(nil),             // 13: inplaced.v1.HoldRecord
-	(*HoldPort)(nil),               // 14: inplaced.v1.HoldPort
-	(*SwapEvent)(nil),              // 15: inplaced.v1.SwapEvent
-	(*WatchSwapRequest)(nil),       // 16: inplaced.v1.WatchSwapRequest
-	(*GetSwapRequest)(nil),         // 17: inplaced.v1.GetSwapRequest
-	(*ListSwapsRequest)(nil),       // 18: inplaced.v1.ListSwapsRequest
-	(*ListSwapsResponse)(nil),      // 19: inplaced.v1.ListSwapsResponse
-	(*RevertRequest)(nil),          // 20: inplaced.v1.RevertRequest
-	(*Override)(nil),               // 21: inplaced.v1.Override
-	(*ListOverridesRequest)(nil),   // 22: inplaced.v1.ListOverridesRequest
-	(*ListOverridesResponse)(nil),  // 23: inplaced.v1.ListOverridesResponse
-	(*ResizeRequest)(nil),          // 24: inplaced.v1.ResizeRequest
-	(*ResizeValues)(nil),           // 25: inplaced.v1.ResizeValues
-	(*ResizeRecord)(nil),           // 26: inplaced.v1.ResizeRecord
-	(*ListResizesRequest)(nil),     // 27: inplaced.v1.ListResizesRequest
-	(*ListResizesResponse)(nil),    // 28: inplaced.v1.ListResizesResponse
-	(*CheckPodsRequest)(nil),       // 29: inplaced.v1.CheckPodsRequest
-	(*PodFit)(nil),                 // 30: inplaced.v1.PodFit
-	(*CheckPodsResponse)(nil),      // 31: inplaced.v1.CheckPodsResponse
-	(*PrepullRequest)(nil),         // 32: inplaced.v1.PrepullRequest
-	(*PullProgress)(nil),           // 33: inplaced.v1.PullProgress
-	(*CancelPrepullRequest)(nil),   // 34: inplaced.v1.CancelPrepullRequest
-	(*CancelPrepullResponse)(nil),  // 35: inplaced.v1.CancelPrepullResponse
-	(*ListContainersRequest)(nil),  // 36: inplaced.v1.ListContainersRequest
-	(*ContainerInfo)(nil),          // 37: inplaced.v1.ContainerInfo
-	(*ListContainersResponse)(nil), // 38: inplaced.v1.ListContainersResponse
-	(*WatchRequest)(nil),           // 39: inplaced.v1.WatchRequest
-	(*Event)(nil),                  // 40: inplaced.v1.Event
-	(*StatusRequest)(nil),          // 41: inplaced.v1.StatusRequest
-	(*HealthProblem)(nil),          // 42: inplaced.v1.HealthProblem
-	(*StatusResponse)(nil),         // 43: inplaced.v1.StatusResponse
-	nil,                            // 44: inplaced.v1.Change.SetEnvEntry
+	(*TakeoverRecord)(nil),         // 13: inplaced.v1.TakeoverRecord
+	(*HoldRecord)(nil),             // 14: inplaced.v1.HoldRecord
+	(*HoldPort)(nil),               // 15: inplaced.v1.HoldPort
+	(*SwapEvent)(nil),              // 16: inplaced.v1.SwapEvent
+	(*WatchSwapRequest)(nil),       // 17: inplaced.v1.WatchSwapRequest
+	(*GetSwapRequest)(nil),         // 18: inplaced.v1.GetSwapRequest
+	(*ListSwapsRequest)(nil),       // 19: inplaced.v1.ListSwapsRequest
+	(*ListSwapsResponse)(nil),      // 20: inplaced.v1.ListSwapsResponse
+	(*RevertRequest)(nil),          // 21: inplaced.v1.RevertRequest
+	(*Override)(nil),               // 22: inplaced.v1.Override
+	(*ListOverridesRequest)(nil),   // 23: inplaced.v1.ListOverridesRequest
+	(*ListOverridesResponse)(nil),  // 24: inplaced.v1.ListOverridesResponse
+	(*ResizeRequest)(nil),          // 25: inplaced.v1.ResizeRequest
+	(*ResizeValues)(nil),           // 26: inplaced.v1.ResizeValues
+	(*ResizeRecord)(nil),           // 27: inplaced.v1.ResizeRecord
+	(*ListResizesRequest)(nil),     // 28: inplaced.v1.ListResizesRequest
+	(*ListResizesResponse)(nil),    // 29: inplaced.v1.ListResizesResponse
+	(*CheckPodsRequest)(nil),       // 30: inplaced.v1.CheckPodsRequest
+	(*PodFit)(nil),                 // 31: inplaced.v1.PodFit
+	(*CheckPodsResponse)(nil),      // 32: inplaced.v1.CheckPodsResponse
+	(*PrepullRequest)(nil),         // 33: inplaced.v1.PrepullRequest
+	(*PullProgress)(nil),           // 34: inplaced.v1.PullProgress
+	(*CancelPrepullRequest)(nil),   // 35: inplaced.v1.CancelPrepullRequest
+	(*CancelPrepullResponse)(nil),  // 36: inplaced.v1.CancelPrepullResponse
+	(*ListContainersRequest)(nil),  // 37: inplaced.v1.ListContainersRequest
+	(*ContainerInfo)(nil),          // 38: inplaced.v1.ContainerInfo
+	(*ListContainersResponse)(nil), // 39: inplaced.v1.ListContainersResponse
+	(*WatchRequest)(nil),           // 40: inplaced.v1.WatchRequest
+	(*Event)(nil),                  // 41: inplaced.v1.Event
+	(*StatusRequest)(nil),          // 42: inplaced.v1.StatusRequest
+	(*HealthProblem)(nil),          // 43: inplaced.v1.HealthProblem
+	(*StatusResponse)(nil),         // 44: inplaced.v1.StatusResponse
+	nil,                            // 45: inplaced.v1.Change.SetEnvEntry
 }
 var file_inplaced_v1_control_proto_depIdxs = []int32{
-	44, // 0: inplaced.v1.Change.set_env:type_name -> inplaced.v1.Change.SetEnvEntry
+	45, // 0: inplaced.v1.Change.set_env:type_name -> inplaced.v1.Change.SetEnvEntry
 	3,  // 1: inplaced.v1.Change.resources:type_name -> inplaced.v1.Resources
 	5,  // 2: inplaced.v1.Handler.http_get:type_name -> inplaced.v1.HTTPGet
 	4,  // 3: inplaced.v1.SwapOptions.pre_stop:type_name -> inplaced.v1.Handler
@@ -3858,68 +3979,69 @@ var file_inplaced_v1_control_proto_depIdxs = []int32{
 	2,  // 7: inplaced.v1.SwapRequest.change:type_name -> inplaced.v1.Change
 	7,  // 8: inplaced.v1.SwapRequest.options:type_name -> inplaced.v1.SwapOptions
 	6,  // 9: inplaced.v1.SwapRequest.auth:type_name -> inplaced.v1.RegistryAuth
-	33, // 10: inplaced.v1.Step.pull:type_name -> inplaced.v1.PullProgress
+	34, // 10: inplaced.v1.Step.pull:type_name -> inplaced.v1.PullProgress
 	11, // 11: inplaced.v1.SwapRecord.from:type_name -> inplaced.v1.ConfigSummary
 	11, // 12: inplaced.v1.SwapRecord.to:type_name -> inplaced.v1.ConfigSummary
 	10, // 13: inplaced.v1.SwapRecord.caller:type_name -> inplaced.v1.Caller
 	0,  // 14: inplaced.v1.SwapRecord.state:type_name -> inplaced.v1.SwapState
 	9,  // 15: inplaced.v1.SwapRecord.steps:type_name -> inplaced.v1.Step
-	13, // 16: inplaced.v1.SwapRecord.hold:type_name -> inplaced.v1.HoldRecord
-	14, // 17: inplaced.v1.HoldRecord.port_results:type_name -> inplaced.v1.HoldPort
-	12, // 18: inplaced.v1.SwapEvent.record:type_name -> inplaced.v1.SwapRecord
-	33, // 19: inplaced.v1.SwapEvent.pull:type_name -> inplaced.v1.PullProgress
-	1,  // 20: inplaced.v1.ListSwapsRequest.target:type_name -> inplaced.v1.Target
-	12, // 21: inplaced.v1.ListSwapsResponse.swaps:type_name -> inplaced.v1.SwapRecord
-	1,  // 22: inplaced.v1.RevertRequest.target:type_name -> inplaced.v1.Target
-	7,  // 23: inplaced.v1.RevertRequest.options:type_name -> inplaced.v1.SwapOptions
-	11, // 24: inplaced.v1.Override.to:type_name -> inplaced.v1.ConfigSummary
-	21, // 25: inplaced.v1.ListOverridesResponse.overrides:type_name -> inplaced.v1.Override
-	1,  // 26: inplaced.v1.ResizeRequest.target:type_name -> inplaced.v1.Target
-	3,  // 27: inplaced.v1.ResizeRequest.resources:type_name -> inplaced.v1.Resources
-	10, // 28: inplaced.v1.ResizeRecord.caller:type_name -> inplaced.v1.Caller
-	25, // 29: inplaced.v1.ResizeRecord.from:type_name -> inplaced.v1.ResizeValues
-	25, // 30: inplaced.v1.ResizeRecord.to:type_name -> inplaced.v1.ResizeValues
-	25, // 31: inplaced.v1.ResizeRecord.in_effect:type_name -> inplaced.v1.ResizeValues
-	25, // 32: inplaced.v1.ResizeRecord.requested:type_name -> inplaced.v1.ResizeValues
-	1,  // 33: inplaced.v1.ListResizesRequest.target:type_name -> inplaced.v1.Target
-	26, // 34: inplaced.v1.ListResizesResponse.resizes:type_name -> inplaced.v1.ResizeRecord
-	30, // 35: inplaced.v1.CheckPodsResponse.misfits:type_name -> inplaced.v1.PodFit
-	6,  // 36: inplaced.v1.PrepullRequest.auth:type_name -> inplaced.v1.RegistryAuth
-	37, // 37: inplaced.v1.ListContainersResponse.containers:type_name -> inplaced.v1.ContainerInfo
-	42, // 38: inplaced.v1.StatusResponse.problems:type_name -> inplaced.v1.HealthProblem
-	8,  // 39: inplaced.v1.Control.Swap:input_type -> inplaced.v1.SwapRequest
-	16, // 40: inplaced.v1.Control.WatchSwap:input_type -> inplaced.v1.WatchSwapRequest
-	17, // 41: inplaced.v1.Control.GetSwap:input_type -> inplaced.v1.GetSwapRequest
-	18, // 42: inplaced.v1.Control.ListSwaps:input_type -> inplaced.v1.ListSwapsRequest
-	20, // 43: inplaced.v1.Control.Revert:input_type -> inplaced.v1.RevertRequest
-	22, // 44: inplaced.v1.Control.ListOverrides:input_type -> inplaced.v1.ListOverridesRequest
-	24, // 45: inplaced.v1.Control.Resize:input_type -> inplaced.v1.ResizeRequest
-	27, // 46: inplaced.v1.Control.ListResizes:input_type -> inplaced.v1.ListResizesRequest
-	29, // 47: inplaced.v1.Control.CheckPods:input_type -> inplaced.v1.CheckPodsRequest
-	32, // 48: inplaced.v1.Control.Prepull:input_type -> inplaced.v1.PrepullRequest
-	34, // 49: inplaced.v1.Control.CancelPrepull:input_type -> inplaced.v1.CancelPrepullRequest
-	36, // 50: inplaced.v1.Control.ListContainers:input_type -> inplaced.v1.ListContainersRequest
-	39, // 51: inplaced.v1.Control.Watch:input_type -> inplaced.v1.WatchRequest
-	41, // 52: inplaced.v1.Control.Status:input_type -> inplaced.v1.StatusRequest
-	15, // 53: inplaced.v1.Control.Swap:output_type -> inplaced.v1.SwapEvent
-	15, // 54: inplaced.v1.Control.WatchSwap:output_type -> inplaced.v1.SwapEvent
-	12, // 55: inplaced.v1.Control.GetSwap:output_type -> inplaced.v1.SwapRecord
-	19, // 56: inplaced.v1.Control.ListSwaps:output_type -> inplaced.v1.ListSwapsResponse
-	15, // 57: inplaced.v1.Control.Revert:output_type -> inplaced.v1.SwapEvent
-	23, // 58: inplaced.v1.Control.ListOverrides:output_type -> inplaced.v1.ListOverridesResponse
-	26, // 59: inplaced.v1.Control.Resize:output_type -> inplaced.v1.ResizeRecord
-	28, // 60: inplaced.v1.Control.ListResizes:output_type -> inplaced.v1.ListResizesResponse
-	31, // 61: inplaced.v1.Control.CheckPods:output_type -> inplaced.v1.CheckPodsResponse
-	33, // 62: inplaced.v1.Control.Prepull:output_type -> inplaced.v1.PullProgress
-	35, // 63: inplaced.v1.Control.CancelPrepull:output_type -> inplaced.v1.CancelPrepullResponse
-	38, // 64: inplaced.v1.Control.ListContainers:output_type -> inplaced.v1.ListContainersResponse
-	40, // 65: inplaced.v1.Control.Watch:output_type -> inplaced.v1.Event
-	43, // 66: inplaced.v1.Control.Status:output_type -> inplaced.v1.StatusResponse
-	53, // [53:67] is the sub-list for method output_type
-	39, // [39:53] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	14, // 16: inplaced.v1.SwapRecord.hold:type_name -> inplaced.v1.HoldRecord
+	13, // 17: inplaced.v1.SwapRecord.takeover:type_name -> inplaced.v1.TakeoverRecord
+	15, // 18: inplaced.v1.HoldRecord.port_results:type_name -> inplaced.v1.HoldPort
+	12, // 19: inplaced.v1.SwapEvent.record:type_name -> inplaced.v1.SwapRecord
+	34, // 20: inplaced.v1.SwapEvent.pull:type_name -> inplaced.v1.PullProgress
+	1,  // 21: inplaced.v1.ListSwapsRequest.target:type_name -> inplaced.v1.Target
+	12, // 22: inplaced.v1.ListSwapsResponse.swaps:type_name -> inplaced.v1.SwapRecord
+	1,  // 23: inplaced.v1.RevertRequest.target:type_name -> inplaced.v1.Target
+	7,  // 24: inplaced.v1.RevertRequest.options:type_name -> inplaced.v1.SwapOptions
+	11, // 25: inplaced.v1.Override.to:type_name -> inplaced.v1.ConfigSummary
+	22, // 26: inplaced.v1.ListOverridesResponse.overrides:type_name -> inplaced.v1.Override
+	1,  // 27: inplaced.v1.ResizeRequest.target:type_name -> inplaced.v1.Target
+	3,  // 28: inplaced.v1.ResizeRequest.resources:type_name -> inplaced.v1.Resources
+	10, // 29: inplaced.v1.ResizeRecord.caller:type_name -> inplaced.v1.Caller
+	26, // 30: inplaced.v1.ResizeRecord.from:type_name -> inplaced.v1.ResizeValues
+	26, // 31: inplaced.v1.ResizeRecord.to:type_name -> inplaced.v1.ResizeValues
+	26, // 32: inplaced.v1.ResizeRecord.in_effect:type_name -> inplaced.v1.ResizeValues
+	26, // 33: inplaced.v1.ResizeRecord.requested:type_name -> inplaced.v1.ResizeValues
+	1,  // 34: inplaced.v1.ListResizesRequest.target:type_name -> inplaced.v1.Target
+	27, // 35: inplaced.v1.ListResizesResponse.resizes:type_name -> inplaced.v1.ResizeRecord
+	31, // 36: inplaced.v1.CheckPodsResponse.misfits:type_name -> inplaced.v1.PodFit
+	6,  // 37: inplaced.v1.PrepullRequest.auth:type_name -> inplaced.v1.RegistryAuth
+	38, // 38: inplaced.v1.ListContainersResponse.containers:type_name -> inplaced.v1.ContainerInfo
+	43, // 39: inplaced.v1.StatusResponse.problems:type_name -> inplaced.v1.HealthProblem
+	8,  // 40: inplaced.v1.Control.Swap:input_type -> inplaced.v1.SwapRequest
+	17, // 41: inplaced.v1.Control.WatchSwap:input_type -> inplaced.v1.WatchSwapRequest
+	18, // 42: inplaced.v1.Control.GetSwap:input_type -> inplaced.v1.GetSwapRequest
+	19, // 43: inplaced.v1.Control.ListSwaps:input_type -> inplaced.v1.ListSwapsRequest
+	21, // 44: inplaced.v1.Control.Revert:input_type -> inplaced.v1.RevertRequest
+	23, // 45: inplaced.v1.Control.ListOverrides:input_type -> inplaced.v1.ListOverridesRequest
+	25, // 46: inplaced.v1.Control.Resize:input_type -> inplaced.v1.ResizeRequest
+	28, // 47: inplaced.v1.Control.ListResizes:input_type -> inplaced.v1.ListResizesRequest
+	30, // 48: inplaced.v1.Control.CheckPods:input_type -> inplaced.v1.CheckPodsRequest
+	33, // 49: inplaced.v1.Control.Prepull:input_type -> inplaced.v1.PrepullRequest
+	35, // 50: inplaced.v1.Control.CancelPrepull:input_type -> inplaced.v1.CancelPrepullRequest
+	37, // 51: inplaced.v1.Control.ListContainers:input_type -> inplaced.v1.ListContainersRequest
+	40, // 52: inplaced.v1.Control.Watch:input_type -> inplaced.v1.WatchRequest
+	42, // 53: inplaced.v1.Control.Status:input_type -> inplaced.v1.StatusRequest
+	16, // 54: inplaced.v1.Control.Swap:output_type -> inplaced.v1.SwapEvent
+	16, // 55: inplaced.v1.Control.WatchSwap:output_type -> inplaced.v1.SwapEvent
+	12, // 56: inplaced.v1.Control.GetSwap:output_type -> inplaced.v1.SwapRecord
+	20, // 57: inplaced.v1.Control.ListSwaps:output_type -> inplaced.v1.ListSwapsResponse
+	16, // 58: inplaced.v1.Control.Revert:output_type -> inplaced.v1.SwapEvent
+	24, // 59: inplaced.v1.Control.ListOverrides:output_type -> inplaced.v1.ListOverridesResponse
+	27, // 60: inplaced.v1.Control.Resize:output_type -> inplaced.v1.ResizeRecord
+	29, // 61: inplaced.v1.Control.ListResizes:output_type -> inplaced.v1.ListResizesResponse
+	32, // 62: inplaced.v1.Control.CheckPods:output_type -> inplaced.v1.CheckPodsResponse
+	34, // 63: inplaced.v1.Control.Prepull:output_type -> inplaced.v1.PullProgress
+	36, // 64: inplaced.v1.Control.CancelPrepull:output_type -> inplaced.v1.CancelPrepullResponse
+	39, // 65: inplaced.v1.Control.ListContainers:output_type -> inplaced.v1.ListContainersResponse
+	41, // 66: inplaced.v1.Control.Watch:output_type -> inplaced.v1.Event
+	44, // 67: inplaced.v1.Control.Status:output_type -> inplaced.v1.StatusResponse
+	54, // [54:68] is the sub-list for method output_type
+	40, // [40:54] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_inplaced_v1_control_proto_init() }
@@ -3934,7 +4056,7 @@ func file_inplaced_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_inplaced_v1_control_proto_rawDesc), len(file_inplaced_v1_control_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   44,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -85,6 +85,7 @@ type doc struct {
 	swapRT    []GoBench // BenchmarkSwapRuntime/<backend>
 	hold      []GoBench // BenchmarkSwapHold/<backend>
 	release   []GoBench // BenchmarkHoldRelease/<backend>
+	overlap   []GoBench // BenchmarkSwapOverlap/<backend>
 }
 
 func newDoc(in Input) *doc {
@@ -143,6 +144,10 @@ func newDoc(in Input) *doc {
 		}
 		if parts[0] == "BenchmarkHoldRelease" && len(parts) == 2 && gb.Metrics["reps"] > 0 {
 			d.release = append(d.release, gb)
+			continue
+		}
+		if parts[0] == "BenchmarkSwapOverlap" && len(parts) == 2 && gb.Metrics["reps"] > 0 {
+			d.overlap = append(d.overlap, gb)
 			continue
 		}
 		if parts[0] != "BenchmarkResize" || len(parts) < 3 {
@@ -1049,6 +1054,7 @@ func (d *doc) swapHold(b *strings.Builder) {
 	if len(d.hold) == 0 {
 		fmt.Fprintf(b, "`BenchmarkSwapHold` (`test/bench/hold_bench_test.go`) reported no results in this run (not selected, skipped or failed: see the bench log).\n\n")
 		d.holdRelease(b)
+		d.swapOverlap(b)
 		return
 	}
 	fmt.Fprintf(b, "`BenchmarkSwapHold` (`test/bench/hold_bench_test.go`): `inplacectl swap` App1 → App2 in a fresh pod per repetition, "+
@@ -1071,6 +1077,38 @@ func (d *doc) swapHold(b *strings.Builder) {
 	}
 	b.WriteString("\n")
 	d.holdRelease(b)
+	d.swapOverlap(b)
+}
+
+// swapOverlap is BenchmarkSwapOverlap's part of section 5: stop-first with
+// the connection hold against the overlap swap, in the same run.
+func (d *doc) swapOverlap(b *strings.Builder) {
+	fmt.Fprintf(b, "### Stop-first with the hold against the overlap swap\n\n")
+	if len(d.overlap) == 0 {
+		fmt.Fprintf(b, "`BenchmarkSwapOverlap` (`test/bench/overlap_bench_test.go`) reported no results in this run (not selected, skipped or failed: see the bench log).\n\n")
+		return
+	}
+	fmt.Fprintf(b, "`BenchmarkSwapOverlap` (`test/bench/overlap_bench_test.go`): the same swap of the test app draining on SIGTERM (`-drain=300ms`), "+
+		"a fresh pod per repetition, *stop-first* with the connection hold (the default) or *overlap* (the pod's annotation "+
+		"`inplaced.io/swap-strategy: overlap`), taking turns, under a new TCP connection every 5 ms and 20 keep-alive connections sending a request "+
+		"every 50 ms each. *Failed*: connections and requests refused, reset, timed out or unanswered, summed. *Slowest*: the slowest new "+
+		"connection's handshake during the swap, median. *Excess*: the slowest during the swap less the slowest in as long a time before it, worst. "+
+		"*Ended*: keep-alive connections the server ended (the old process's drain), summed. "+
+		"Target for overlap: no failure, and every repetition's excess at most 5 ms.\n\n")
+	fmt.Fprintf(b, "| Backend | Failed, stop-first | Slowest, stop-first | Excess, stop-first | Ended, stop-first | Failed, overlap | Slowest, overlap | Excess, overlap | Ended, overlap | Repetitions each | Target |\n")
+	fmt.Fprintf(b, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
+	for _, gb := range d.overlap {
+		m := gb.Metrics
+		ms := func(k string) string { return fmtNs(m[k] * 1e6) }
+		verdict := "**PASS**"
+		if m["overlap-failed"] > 0 || m["overlap-excess-ms"] > 5 {
+			verdict = "**FAIL**"
+		}
+		fmt.Fprintf(b, "| %s | %.0f | %s | %s | %.0f | %.0f | %s | %s | %.0f | %.0f | %s |\n", strings.TrimPrefix(gb.Name, "BenchmarkSwapOverlap/"),
+			m["stop-first-failed"], ms("stop-first-slowest-ms"), ms("stop-first-excess-ms"), m["stop-first-ended"],
+			m["overlap-failed"], ms("overlap-slowest-ms"), ms("overlap-excess-ms"), m["overlap-ended"], m["reps"], verdict)
+	}
+	b.WriteString("\n")
 }
 
 // holdRelease is BenchmarkHoldRelease's part of section 5: the parked SYNs

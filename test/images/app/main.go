@@ -3,8 +3,8 @@
 // that the two images carry different binaries.
 //
 // It prints its version, serves HTTP on -listen (GET /version, GET /healthz,
-// GET /peer: version and the client's address, and 200 for any other GET) and otherwise waits; SIGTERM or SIGINT make it exit
-// 0. -exit N makes it print its version and exit at once with code N (the Crash
+// GET /peer: version and the client's address, GET /listen?port=N: listen on another port too, and 200 for any other GET) and otherwise waits; SIGTERM or SIGINT make it exit
+// 0 after a graceful shutdown (with -drain, it first stops accepting and serves what it accepted for that long). -exit N makes it print its version and exit at once with code N (the Crash
 // image uses -exit 3). With -listen "" it only waits; as PID 1 it reaps
 // orphaned children (the Pause image runs it as /pause -listen=).
 //
@@ -19,6 +19,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -66,6 +67,7 @@ func run(args []string) int {
 	fs.IntVar(&sh.backlog, "backlog", 0, "listen backlog (0: the system's)")
 	fs.BoolVar(&sh.serial, "serial", false, "serve one connection at a time, 1 ms of work each (busybox httpd, Python's http.server)")
 	fs.DurationVar(&sh.listenDelay, "listen-delay", 0, "wait this long before listening")
+	drain := fs.Duration("drain", 0, "on SIGTERM, stop accepting (close the listeners) and serve the connections already accepted this long before the graceful shutdown: Go's Shutdown drops unanswered a request it reads after it began")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -110,6 +112,18 @@ func run(args []string) int {
 	mux.HandleFunc("GET /peer", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "%s %s\n", version, r.RemoteAddr)
 	})
+	// /listen?port=N: bind and listen on another port, served like the
+	// first (the overlap e2e: a bind() of the swapped process once
+	// inplaced's takeover agent has restarted).
+	mux.HandleFunc("GET /listen", func(w http.ResponseWriter, r *http.Request) {
+		l, err := net.Listen("tcp", ":"+r.URL.Query().Get("port"))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		go func() { _ = http.Serve(l, mux) }()
+		fmt.Fprintf(w, "listening on %s\n", l.Addr())
+	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
@@ -144,6 +158,12 @@ func run(args []string) int {
 	case <-ctx.Done():
 	}
 	fmt.Println("app: signal received, exiting")
+	if *drain > 0 {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+		time.Sleep(*drain)
+	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
