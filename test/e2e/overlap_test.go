@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -43,18 +42,7 @@ type overlapRecord struct {
 	} `json:"steps"`
 }
 
-func parseOverlap(t *testing.T, out string) overlapRecord {
-	t.Helper()
-	i := strings.Index(out, "{")
-	if i < 0 {
-		t.Fatalf("no JSON record in output:\n%s", out)
-	}
-	var r overlapRecord
-	if err := json.Unmarshal([]byte(out[i:]), &r); err != nil {
-		t.Fatalf("decode record: %v\n%s", err, out)
-	}
-	return r
-}
+func parseOverlap(t *testing.T, out string) overlapRecord { return decodeRecord[overlapRecord](t, out) }
 
 func unixNano(s string) time.Time {
 	n, _ := strconv.ParseInt(s, 10, 64)

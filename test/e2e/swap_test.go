@@ -42,13 +42,17 @@ type swapRecord struct {
 	} `json:"steps"`
 }
 
-func lastJSONObject(t *testing.T, out string) swapRecord {
+func lastJSONObject(t *testing.T, out string) swapRecord { return decodeRecord[swapRecord](t, out) }
+
+// decodeRecord decodes the JSON record that inplacectl -o json printed
+// after its progress lines into R (the fields a test reads of it).
+func decodeRecord[R any](t *testing.T, out string) R {
 	t.Helper()
 	i := strings.Index(out, "{")
 	if i < 0 {
 		t.Fatalf("no JSON record in output:\n%s", out)
 	}
-	var r swapRecord
+	var r R
 	if err := json.Unmarshal([]byte(out[i:]), &r); err != nil {
 		t.Fatalf("decode record: %v\n%s", err, out)
 	}
