@@ -347,15 +347,7 @@ func TestGoAwayAfterAQuietSpell(t *testing.T) {
 	const quick = 300 * time.Millisecond
 	s := start(t, nil, func(r *Relay) { r.ioTimeout = quick })
 	sock := s.client.Target()[len("unix://"):]
-	c, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
-		t.Fatal(err)
-	}
+	c := prefaced(t, sock, 10*time.Second)
 	time.Sleep(3 * quick) // the relay's SETTINGS flush and its deadline are long past
 	if _, err := c.Write(newFrames().raw(http2.FrameData, 0, 0, []byte("x")).Bytes()); err != nil {
 		t.Fatal(err)
@@ -373,4 +365,21 @@ func TestGoAwayAfterAQuietSpell(t *testing.T) {
 			return
 		}
 	}
+}
+
+// prefaced is a raw connection to the relay at sock that has sent the
+// client preface, with deadline for everything after it; closed when the
+// test ends.
+func prefaced(t *testing.T, sock string, deadline time.Duration) net.Conn {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(deadline))
+	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

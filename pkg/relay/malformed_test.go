@@ -280,16 +280,8 @@ func TestStreamLimit(t *testing.T) {
 	routerOnly(t, "the fallback advertises no stream limit: TestFallbackCallLimit")
 	s := start(t, nil)
 	sock := s.client.Target()[len("unix://"):]
-	c, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	c := prefaced(t, sock, 30*time.Second)
 	fr := http2.NewFramer(c, c)
-	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
-		t.Fatal(err)
-	}
 	f, err := fr.ReadFrame()
 	if err != nil {
 		t.Fatal(err)
@@ -372,15 +364,7 @@ func TestFallbackCallLimit(t *testing.T) {
 // sock sends in its first SETTINGS, if any.
 func advertisedStreams(t *testing.T, sock string) (uint32, bool) {
 	t.Helper()
-	c, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
-		t.Fatal(err)
-	}
+	c := prefaced(t, sock, 10*time.Second)
 	f, err := http2.NewFramer(c, c).ReadFrame()
 	if err != nil {
 		t.Fatal(err)
