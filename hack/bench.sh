@@ -45,6 +45,9 @@
 #                      (in a temporary git worktree), in the same rounds as
 #                      the build under test: the targets then compare p50 and
 #                      CPU per call with it (at most 1.10×)
+#   INPLACED_BENCH_LOG_LEVEL=debug  the log level of the inplaced daemons
+#                      (default info); with INPLACED_ARTIFACTS=dir their logs
+#                      are kept there when a benchmark fails
 #   RELAY_AB=commit    also run BenchmarkRelay (in process, no containerd)
 #                      built with pkg/relay of that commit and of this tree
 #                      (the same benchmark code), alternately RELAY_AB_RUNS

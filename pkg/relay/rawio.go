@@ -220,6 +220,12 @@ func (w *sockWriter) drain() {
 		w.mu.Lock()
 		buf := w.over
 		if len(buf) == 0 {
+			// The deadline bounded the drain's writes only: left on the
+			// socket, it would fail the first write of the fast path
+			// that comes after it, however healthy the peer. Cleared
+			// before the stall ends, while every write still comes
+			// through here.
+			_ = w.conn.SetWriteDeadline(time.Time{})
 			w.stalled.Store(false)
 			w.control.Store(0)
 			closing := w.closing

@@ -109,3 +109,42 @@ func TestRawIO(t *testing.T) {
 		t.Errorf("errCode(EPIPE) = %v, protocol error; want a peer going away", code)
 	}
 }
+
+// TestSockWriterWritesLongAfterAStall: the drain of a stalled peer's
+// overflow bounds each of its writes with a deadline; once the overflow is
+// out, that deadline must not outlive it. A deadline left on the socket
+// made the next non-blocking write, whenever it came after the deadline
+// (a kubelet connection's next call long after one large answer stalled
+// it), fail with os.ErrDeadlineExceeded, and the session closed the
+// caller's connection under its calls without a word.
+func TestSockWriterWritesLongAfterAStall(t *testing.T) {
+	a, b := socketPair(t)
+	const timeout = 100 * time.Millisecond
+	w := newSockWriter(a, timeout)
+	big := make([]byte, 8<<20) // past the socket buffers: the write stalls
+	if n, err := w.Write(big); err != nil || n != len(big) {
+		t.Fatalf("write %d bytes: %d, %v", len(big), n, err)
+	}
+	if !w.stalled.Load() {
+		t.Fatal("an 8 MiB write to a peer that does not read did not stall: the test proves nothing")
+	}
+	read := make(chan error, 1)
+	go func() {
+		_, err := io.ReadFull(b, make([]byte, len(big)+1))
+		read <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for w.stalled.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the overflow was not written out in 10 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(3 * timeout) // well past the drain's last deadline
+	if _, err := w.Write([]byte{1}); err != nil {
+		t.Fatalf("a write %s after the stall ended: %v; want it written", 3*timeout, err)
+	}
+	if err := <-read; err != nil {
+		t.Fatalf("the peer read: %v", err)
+	}
+}

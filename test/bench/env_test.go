@@ -77,7 +77,7 @@ func startBenchProxyBinary(b *testing.B, bin, endpoint string, minRuntime time.D
 	if err := px.Stop(); err != nil {
 		b.Fatal(err)
 	}
-	px.ExtraArgs = []string{"--log-level", "info", "--health-min-runtime", minRuntime.String()}
+	px.ExtraArgs = []string{"--log-level", benchLogLevel(), "--health-min-runtime", minRuntime.String()}
 	if err := px.Start(env...); err != nil {
 		b.Fatalf("restart inplaced at info level: %v\n%s", err, px.LogTail(20))
 	}
@@ -206,3 +206,13 @@ func vmStatus(pid int) (rss, hwm int64, err error) {
 // relayPhase labels in-process relay results ($INPLACED_BENCH_PHASE), e.g.
 // "before" and "after" a relay change.
 func relayPhase() string { return os.Getenv("INPLACED_BENCH_PHASE") }
+
+// benchLogLevel is the log level of the inplaced daemons the benchmarks
+// start: info, or $INPLACED_BENCH_LOG_LEVEL (debug says why a connection
+// ended; each log is kept under $INPLACED_ARTIFACTS when a benchmark fails).
+func benchLogLevel() string {
+	if l := os.Getenv("INPLACED_BENCH_LOG_LEVEL"); l != "" {
+		return l
+	}
+	return "info"
+}
