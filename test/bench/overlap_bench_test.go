@@ -26,13 +26,14 @@ import (
 // Per repetition: failed connections and requests (refused, reset, timed
 // out, no answer), the slowest new connection's handshake during the swap
 // and in as long a time before it, and the keep-alive connections the
-// server ended. Sums of the failures and ends, medians of the handshakes,
+// server ended (and of those, the ones ended before the old container was
+// asked to stop: lost to the swap). Sums of the failures and ends, medians of the handshakes,
 // the worst excess of the slowest during the swap over the slowest before.
 func BenchmarkSwapOverlap(b *testing.B) {
 	benchBackends(b, func(b *testing.B, ctrd *harness.Containerd) {
 		e := newSwapEnv(b, ctrd)
 		modes := []string{"stop-first", "overlap"}
-		failed, ended := map[string]int{}, map[string]int{}
+		failed, ended, early := map[string]int{}, map[string]int{}, map[string]int{}
 		during, excess := map[string][]int64{}, map[string][]int64{}
 		rep := 0
 		one := func() {
@@ -41,6 +42,7 @@ func BenchmarkSwapOverlap(b *testing.B) {
 				t := e.strategyTrial(b, m)
 				failed[m] += t.failed
 				ended[m] += t.ended
+				early[m] += t.early
 				during[m] = append(during[m], int64(t.during))
 				excess[m] = append(excess[m], int64(t.during-t.before))
 			}
@@ -61,13 +63,14 @@ func BenchmarkSwapOverlap(b *testing.B) {
 			return float64(w) / 1e6
 		}
 		for _, m := range modes {
-			b.Logf("%s: %d failed, %d keep-alive connections ended by the server; slowest handshakes during the swap %v, over the slowest before %v",
-				m, failed[m], ended[m], durations(during[m]), durations(excess[m]))
+			b.Logf("%s: %d failed, %d keep-alive connections ended by the server (%d before the old container was asked to stop); slowest handshakes during the swap %v, over the slowest before %v",
+				m, failed[m], ended[m], early[m], durations(during[m]), durations(excess[m]))
 		}
 		b.ReportMetric(float64(report.Median(during["overlap"])), "ns/op")
 		for _, m := range modes {
 			b.ReportMetric(float64(failed[m]), m+"-failed")
 			b.ReportMetric(float64(ended[m]), m+"-ended")
+			b.ReportMetric(float64(early[m]), m+"-closed-early")
 			b.ReportMetric(med(during[m]), m+"-slowest-ms")
 			b.ReportMetric(worst(excess[m]), m+"-excess-ms")
 		}
@@ -77,6 +80,7 @@ func BenchmarkSwapOverlap(b *testing.B) {
 
 type strategyTrialResult struct {
 	failed, ended  int
+	early          int // keep-alive connections the server ended before the old container's stop
 	during, before time.Duration
 }
 
@@ -126,6 +130,10 @@ func (e *replaceEnv) strategyTrial(b *testing.B, strategy string) strategyTrialR
 		Why      string `json:"strategy_why"`
 		Started  string `json:"started_unix_nano"`
 		Finished string `json:"finished_unix_nano"`
+		Steps    []struct {
+			Name    string `json:"name"`
+			Started string `json:"started_unix_nano"`
+		} `json:"steps"`
 	}
 	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &r); err != nil || r.State != "SWAP_STATE_COMMITTED" || r.Strategy != strategy {
 		b.Fatalf("swap record (want committed, %s): %v\n%s", strategy, err, out)
@@ -134,6 +142,23 @@ func (e *replaceEnv) strategyTrial(b *testing.B, strategy string) strategyTrialR
 	start, _ := strconv.ParseInt(r.Started, 10, 64)
 	end, _ := strconv.ParseInt(r.Finished, 10, 64)
 	res := strategyTrialResult{failed: s.Failed() + len(k.Failed), ended: len(k.Closes)}
+	// The old process ends its keep-alive connections in its drain, which
+	// begins with its stop; one ended before that was lost to the swap.
+	var stopAt time.Time
+	for _, st := range r.Steps {
+		if st.Name == "stop-old" {
+			n, _ := strconv.ParseInt(st.Started, 10, 64)
+			stopAt = time.Unix(0, n)
+		}
+	}
+	if stopAt.IsZero() {
+		b.Fatalf("swap record without a stop-old step:\n%s", out)
+	}
+	for _, c := range k.Closes {
+		if c.At.Before(stopAt) {
+			res.early++
+		}
+	}
 	from, to := time.Unix(0, start), time.Unix(0, end)
 	for _, a := range ds {
 		switch {

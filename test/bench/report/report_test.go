@@ -250,19 +250,22 @@ func TestRenderSwapHold(t *testing.T) {
 
 func TestRenderSwapOverlap(t *testing.T) {
 	var b strings.Builder
-	m := func(failed, excess float64) map[string]float64 {
+	m := func(failed, excess, early float64) map[string]float64 {
 		return map[string]float64{"stop-first-failed": 0, "stop-first-slowest-ms": 210, "stop-first-excess-ms": 205, "stop-first-ended": 100,
-			"overlap-failed": failed, "overlap-slowest-ms": 4.5, "overlap-excess-ms": excess, "overlap-ended": 100, "reps": 5}
+			"stop-first-closed-early": 0, "overlap-failed": failed, "overlap-slowest-ms": 4.5, "overlap-excess-ms": excess,
+			"overlap-ended": 100, "overlap-closed-early": early, "reps": 5}
 	}
-	in := Input{GoBench: []GoBench{{Name: "BenchmarkSwapOverlap/containerd-2.4", N: 1, Metrics: m(0, 2)},
-		{Name: "BenchmarkSwapOverlap/containerd-1.6", N: 1, Metrics: m(0, 9)}}}
+	in := Input{GoBench: []GoBench{{Name: "BenchmarkSwapOverlap/containerd-2.4", N: 1, Metrics: m(0, 2, 0)},
+		{Name: "BenchmarkSwapOverlap/containerd-1.6", N: 1, Metrics: m(0, 9, 0)},
+		{Name: "BenchmarkSwapOverlap/containerd-x", N: 1, Metrics: m(0, 2, 1)}}}
 	if err := Render(&b, in); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
 		"### Stop-first with the hold against the overlap swap",
-		"| containerd-2.4 | 0 | 210 ms | 205 ms | 100 | 0 | 4.50 ms | 2.00 ms | 100 | 5 | **PASS** |",
-		"| containerd-1.6 | 0 | 210 ms | 205 ms | 100 | 0 | 4.50 ms | 9.00 ms | 100 | 5 | **FAIL** |",
+		"| containerd-2.4 | 0 | 210 ms | 205 ms | 0 / 100 | 0 | 4.50 ms | 2.00 ms | 0 / 100 | 5 | **PASS** |",
+		"| containerd-1.6 | 0 | 210 ms | 205 ms | 0 / 100 | 0 | 4.50 ms | 9.00 ms | 0 / 100 | 5 | **FAIL** |",
+		"| containerd-x | 0 | 210 ms | 205 ms | 0 / 100 | 0 | 4.50 ms | 2.00 ms | 1 / 100 | 5 | **FAIL** |",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("section 5 lacks %q:\n%s", want, b.String()[strings.Index(b.String(), "## 5."):])
