@@ -80,46 +80,86 @@ func (g *globals) call(f func(c inplacedv1.ControlClient) error) error {
 	return f(c)
 }
 
-// followSwapCall asks inplaced for a swap (start is
-// inplacedv1.ControlClient.Swap or .Revert) and follows its event stream to
-// the end: see followSwap.
-func followSwapCall[Req any](g *globals, cmd *cobra.Command,
-	start func(inplacedv1.ControlClient, context.Context, Req, ...grpc.CallOption) (grpc.ServerStreamingClient[inplacedv1.SwapEvent], error),
-	req Req) error {
-	return g.call(func(c inplacedv1.ControlClient) error {
-		stream, err := start(c, cmd.Context(), req)
+// runFunc asks inplaced, through c, what req says and prints the answer to
+// w in the -o format (output): the exported function of a command (Ps,
+// Watch, Prepull), which tests drive with a fake client.
+type runFunc[Req any] func(ctx context.Context, c inplacedv1.ControlClient, req Req, output string, w io.Writer) error
+
+// newCommand is the shape of every inplacectl command: request reads the
+// arguments and flags into what to ask, before any connection, so that a
+// usage error is reported before a missing socket; run then asks it with a
+// client of the control socket, closed when run returns.
+func newCommand[Req any](g *globals, use, short string, args cobra.PositionalArgs,
+	request func(cmd *cobra.Command, args []string) (Req, error), run runFunc[Req]) *cobra.Command {
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  args,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req, err := request(cmd, args)
+			if err != nil {
+				return err
+			}
+			return g.call(func(c inplacedv1.ControlClient) error {
+				return run(cmd.Context(), c, req, g.output, cmd.OutOrStdout())
+			})
+		},
+	}
+}
+
+// always is the request step of a command whose arguments add nothing to
+// req (its flags, bound to req, may).
+func always[Req any](req Req) func(*cobra.Command, []string) (Req, error) {
+	return func(*cobra.Command, []string) (Req, error) { return req, nil }
+}
+
+// followSwapCall is the run of a command that asks inplaced for a swap
+// (start is inplacedv1.ControlClient.Swap or .Revert) and follows its event
+// stream to the end: see followSwap.
+func followSwapCall[Req any](start func(inplacedv1.ControlClient, context.Context, Req, ...grpc.CallOption) (grpc.ServerStreamingClient[inplacedv1.SwapEvent], error)) runFunc[Req] {
+	return func(ctx context.Context, c inplacedv1.ControlClient, req Req, output string, w io.Writer) error {
+		stream, err := start(c, ctx, req)
 		if err != nil {
 			return err
 		}
-		return followSwap(stream, g.output, cmd.OutOrStdout())
-	})
+		return followSwap(stream, output, w)
+	}
 }
 
 // newListCommand is a command without arguments that asks inplaced one
 // question, call (a ControlClient method, as inplacedv1.ControlClient.CheckPods)
-// with req, and prints the answer: as JSON or YAML with -o json|yaml, else
-// as table writes it.
+// with req, and prints the answer: see answer.
 func newListCommand[Req any, Resp proto.Message](g *globals, use, short string,
 	call func(inplacedv1.ControlClient, context.Context, Req, ...grpc.CallOption) (Resp, error), req Req,
 	table func(w io.Writer, resp Resp)) *cobra.Command {
-	return &cobra.Command{
-		Use:   use,
-		Short: short,
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return g.call(func(c inplacedv1.ControlClient) error {
-				resp, err := call(c, cmd.Context(), req)
-				if err != nil {
-					return err
+	return newCommand(g, use, short, cobra.NoArgs, always(req), answer(call, table))
+}
+
+// answer is the run of a command that asks inplaced one question, call,
+// and prints the answer: as JSON or YAML with -o json|yaml, else as table
+// writes it. An error that carries an answer (a refused resize carries its
+// record) has it printed too, then is returned.
+func answer[Req any, Resp proto.Message](call func(inplacedv1.ControlClient, context.Context, Req, ...grpc.CallOption) (Resp, error),
+	table func(w io.Writer, resp Resp)) runFunc[Req] {
+	return func(ctx context.Context, c inplacedv1.ControlClient, req Req, output string, w io.Writer) error {
+		show := func(resp Resp) error {
+			if output != "table" {
+				return printStructured(w, output, resp)
+			}
+			table(w, resp)
+			return nil
+		}
+		resp, err := call(c, ctx, req)
+		if err != nil {
+			for _, d := range status.Convert(err).Details() {
+				if resp, ok := d.(Resp); ok {
+					_ = show(resp)
+					break
 				}
-				w := cmd.OutOrStdout()
-				if g.output != "table" {
-					return printStructured(w, g.output, resp)
-				}
-				table(w, resp)
-				return nil
-			})
-		},
+			}
+			return err
+		}
+		return show(resp)
 	}
 }
 

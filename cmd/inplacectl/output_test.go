@@ -70,7 +70,7 @@ func psFixture() *fakeControl {
 func TestPsTable(t *testing.T) {
 	f := psFixture()
 	var out bytes.Buffer
-	if err := Ps(context.Background(), f, &PsOptions{Namespace: "shop", Pod: "web"}, "table", &out); err != nil {
+	if err := Ps(context.Background(), f, &PodFilter{Namespace: "shop", Pod: "web"}, "table", &out); err != nil {
 		t.Fatal(err)
 	}
 	if f.gotList.Namespace != "shop" || f.gotList.Pod != "web" {
@@ -110,7 +110,7 @@ func TestPsStructured(t *testing.T) {
 	for _, format := range []string{"json", "yaml"} {
 		t.Run(format, func(t *testing.T) {
 			var out bytes.Buffer
-			if err := Ps(context.Background(), psFixture(), &PsOptions{}, format, &out); err != nil {
+			if err := Ps(context.Background(), psFixture(), &PodFilter{}, format, &out); err != nil {
 				t.Fatal(err)
 			}
 			data := out.Bytes()
@@ -155,7 +155,7 @@ func TestWatchOutput(t *testing.T) {
 	t.Run("table", func(t *testing.T) {
 		f := watchFixture()
 		var out bytes.Buffer
-		if err := Watch(context.Background(), f, &WatchOptions{Namespace: "shop", Pod: "web"}, "table", &out); err != nil {
+		if err := Watch(context.Background(), f, &PodFilter{Namespace: "shop", Pod: "web"}, "table", &out); err != nil {
 			t.Fatal(err)
 		}
 		if f.gotWatch.Namespace != "shop" || f.gotWatch.Pod != "web" {
@@ -180,7 +180,7 @@ func TestWatchOutput(t *testing.T) {
 	})
 	t.Run("json", func(t *testing.T) {
 		var out bytes.Buffer
-		if err := Watch(context.Background(), watchFixture(), &WatchOptions{}, "json", &out); err != nil {
+		if err := Watch(context.Background(), watchFixture(), &PodFilter{}, "json", &out); err != nil {
 			t.Fatal(err)
 		}
 		lines := strings.Split(strings.TrimRight(out.String(), "\n"), "\n")
@@ -200,7 +200,7 @@ func TestWatchOutput(t *testing.T) {
 	})
 	t.Run("yaml", func(t *testing.T) {
 		var out bytes.Buffer
-		if err := Watch(context.Background(), watchFixture(), &WatchOptions{}, "yaml", &out); err != nil {
+		if err := Watch(context.Background(), watchFixture(), &PodFilter{}, "yaml", &out); err != nil {
 			t.Fatal(err)
 		}
 		docs := strings.Split(out.String(), "---\n")

@@ -22,25 +22,16 @@ type PrepullOptions struct {
 
 func newPrepullCommand(g *globals) *cobra.Command {
 	o := &PrepullOptions{}
-	cmd := &cobra.Command{
-		Use:   "prepull IMAGE... [--registry-auth FILE]",
-		Short: "Pull images onto the node now, with progress (the pulls go on if this command is killed; Ctrl-C cancels them)",
-		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+	cmd := newCommand(g, "prepull IMAGE... [--registry-auth FILE]",
+		"Pull images onto the node now, with progress (the pulls go on if this command is killed; Ctrl-C cancels them)",
+		cobra.MinimumNArgs(1), func(_ *cobra.Command, args []string) (*inplacedv1.PrepullRequest, error) {
 			o.Images = args
-			req := &inplacedv1.PrepullRequest{Images: o.Images}
-			if o.RegistryAuth != "" {
-				a, err := readRegistryAuth(o.RegistryAuth)
-				if err != nil {
-					return err
-				}
-				req.Auth = a
+			auth, err := readRegistryAuth(o.RegistryAuth)
+			if err != nil {
+				return nil, err
 			}
-			return g.call(func(c inplacedv1.ControlClient) error {
-				return Prepull(cmd.Context(), c, req, g.output, cmd.OutOrStdout())
-			})
-		},
-	}
+			return &inplacedv1.PrepullRequest{Images: o.Images, Auth: auth}, nil
+		}, Prepull)
 	cmd.Flags().StringVar(&o.RegistryAuth, "registry-auth", "", "JSON file with registry credentials (as for swap); kept in memory only")
 	return cmd
 }

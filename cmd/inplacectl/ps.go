@@ -12,32 +12,22 @@ import (
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
-// PsOptions are the flags of `inplacectl ps`.
-type PsOptions struct {
-	Namespace, Pod string
-}
-
 func newPsCommand(g *globals) *cobra.Command {
-	o := &PsOptions{}
-	cmd := &cobra.Command{
-		Use:   "ps [POD] [-n NAMESPACE]",
-		Short: "List the containers as kubelet sees them through the proxy, with overrides, running swaps and resizes",
-		Args:  cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+	o := &PodFilter{}
+	cmd := newCommand(g, "ps [POD] [-n NAMESPACE]",
+		"List the containers as kubelet sees them through the proxy, with overrides, running swaps and resizes",
+		cobra.MaximumNArgs(1), func(_ *cobra.Command, args []string) (*PodFilter, error) {
 			if len(args) == 1 {
 				o.Pod = args[0]
 			}
-			return g.call(func(c inplacedv1.ControlClient) error {
-				return Ps(cmd.Context(), c, o, g.output, cmd.OutOrStdout())
-			})
-		},
-	}
-	cmd.Flags().StringVarP(&o.Namespace, "namespace", "n", "", "only this namespace")
+			return o, nil
+		}, Ps)
+	o.addNamespace(cmd)
 	return cmd
 }
 
 // Ps prints the containers.
-func Ps(ctx context.Context, c inplacedv1.ControlClient, o *PsOptions, output string, w io.Writer) error {
+func Ps(ctx context.Context, c inplacedv1.ControlClient, o *PodFilter, output string, w io.Writer) error {
 	resp, err := c.ListContainers(ctx, &inplacedv1.ListContainersRequest{Namespace: o.Namespace, Pod: o.Pod})
 	if err != nil {
 		return err

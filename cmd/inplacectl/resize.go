@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -48,60 +47,23 @@ func parseResources(cpu, cpuRequest, memory string) (*inplacedv1.Resources, erro
 func newResizeCommand(g *globals) *cobra.Command {
 	var t targetFlags
 	var cpu, cpuReq, mem string
-	cmd := &cobra.Command{
-		Use:   "resize POD -n NAMESPACE -c CONTAINER [--cpu 1500m] [--cpu-request 500m] [--memory 512Mi]",
-		Short: "Change a running container's CPU and memory limits without a restart",
-		Args:  cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			target, err := t.target(args)
-			if err != nil {
-				return err
-			}
+	cmd := newCommand(g, "resize POD -n NAMESPACE -c CONTAINER [--cpu 1500m] [--cpu-request 500m] [--memory 512Mi]",
+		"Change a running container's CPU and memory limits without a restart",
+		cobra.MaximumNArgs(1), targetRequest(&t, func(target *inplacedv1.Target) (*inplacedv1.ResizeRequest, error) {
 			res, err := parseResources(cpu, cpuReq, mem)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			if res == nil {
-				return fmt.Errorf("nothing to resize: give --cpu, --cpu-request or --memory")
+				return nil, fmt.Errorf("nothing to resize: give --cpu, --cpu-request or --memory")
 			}
-			return g.call(func(c inplacedv1.ControlClient) error {
-				rec, err := c.Resize(cmd.Context(), &inplacedv1.ResizeRequest{Target: target, Resources: res})
-				if err != nil {
-					// A refused or failed resize carries its record: show what
-					// is in effect, then fail with the daemon's status.
-					if rec := resizeRecordOf(err); rec != nil {
-						_ = showResize(cmd.OutOrStdout(), g.output, rec)
-					}
-					return err
-				}
-				return showResize(cmd.OutOrStdout(), g.output, rec)
-			})
-		},
-	}
+			return &inplacedv1.ResizeRequest{Target: target, Resources: res}, nil
+		}), answer(inplacedv1.ControlClient.Resize, printResize))
 	t.add(cmd)
 	cmd.Flags().StringVar(&cpu, "cpu", "", "CPU limit (quota), e.g. 1500m")
 	cmd.Flags().StringVar(&cpuReq, "cpu-request", "", "CPU request (cpu.shares / cpu.weight)")
 	cmd.Flags().StringVar(&mem, "memory", "", "memory limit, e.g. 512Mi")
 	return cmd
-}
-
-// resizeRecordOf returns the ResizeRecord the daemon attached to an error.
-func resizeRecordOf(err error) *inplacedv1.ResizeRecord {
-	for _, d := range status.Convert(err).Details() {
-		if rec, ok := d.(*inplacedv1.ResizeRecord); ok {
-			return rec
-		}
-	}
-	return nil
-}
-
-// showResize prints a resize record in the -o format.
-func showResize(w io.Writer, output string, r *inplacedv1.ResizeRecord) error {
-	if output != "table" {
-		return printStructured(w, output, r)
-	}
-	printResize(w, r)
-	return nil
 }
 
 func printResize(w io.Writer, r *inplacedv1.ResizeRecord) {

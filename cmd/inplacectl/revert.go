@@ -12,18 +12,11 @@ import (
 
 func newRevertCommand(g *globals) *cobra.Command {
 	var t targetFlags
-	cmd := &cobra.Command{
-		Use:   "revert POD -n NAMESPACE -c CONTAINER",
-		Short: "Drop a container's swap override and swap back to the declared config",
-		Args:  cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			target, err := t.target(args)
-			if err != nil {
-				return err
-			}
-			return followSwapCall(g, cmd, inplacedv1.ControlClient.Revert, &inplacedv1.RevertRequest{Target: target})
-		},
-	}
+	cmd := newCommand(g, "revert POD -n NAMESPACE -c CONTAINER",
+		"Drop a container's swap override and swap back to the declared config",
+		cobra.MaximumNArgs(1), targetRequest(&t, func(target *inplacedv1.Target) (*inplacedv1.RevertRequest, error) {
+			return &inplacedv1.RevertRequest{Target: target}, nil
+		}), followSwapCall(inplacedv1.ControlClient.Revert))
 	t.add(cmd)
 	return cmd
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -45,18 +46,9 @@ type SwapOptions struct {
 
 func newSwapCommand(g *globals) *cobra.Command {
 	o := &SwapOptions{}
-	cmd := &cobra.Command{
-		Use:   "swap POD -n NAMESPACE -c CONTAINER [--image IMAGE] [--env K=V] [--unset-env K] [--command C] [--args A]",
-		Short: "Replace a running container's image, env, command or args inside its pod sandbox",
-		Args:  cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			req, err := o.request(cmd, args)
-			if err != nil {
-				return err
-			}
-			return followSwapCall(g, cmd, inplacedv1.ControlClient.Swap, req)
-		},
-	}
+	cmd := newCommand(g, "swap POD -n NAMESPACE -c CONTAINER [--image IMAGE] [--env K=V] [--unset-env K] [--command C] [--args A]",
+		"Replace a running container's image, env, command or args inside its pod sandbox",
+		cobra.MaximumNArgs(1), o.request, followSwapCall(inplacedv1.ControlClient.Swap))
 	o.Target.add(cmd)
 	f := cmd.Flags()
 	f.StringVar(&o.Image, "image", "", "new image reference (pulled before anything is stopped)")
@@ -98,15 +90,11 @@ func (o *SwapOptions) request(cmd *cobra.Command, args []string) (*inplacedv1.Sw
 	if err != nil {
 		return nil, err
 	}
-	req := &inplacedv1.SwapRequest{Target: t, Change: ch, Options: opts}
-	if o.RegistryAuth != "" {
-		a, err := readRegistryAuth(o.RegistryAuth)
-		if err != nil {
-			return nil, err
-		}
-		req.Auth = a
+	auth, err := readRegistryAuth(o.RegistryAuth)
+	if err != nil {
+		return nil, err
 	}
-	return req, nil
+	return &inplacedv1.SwapRequest{Target: t, Change: ch, Options: opts, Auth: auth}, nil
 }
 
 // change is what the flags change in the container; a flag not given
@@ -187,7 +175,11 @@ func (o *SwapOptions) healthCheck() (*inplacedv1.Handler, error) {
 	return nil, nil
 }
 
+// readRegistryAuth reads the --registry-auth file; nil when none is given.
 func readRegistryAuth(path string) (*inplacedv1.RegistryAuth, error) {
+	if path == "" {
+		return nil, nil
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--registry-auth: %w", err)
@@ -279,11 +271,8 @@ func keptText(kept bool) string {
 
 func newSwapsCommand(g *globals) *cobra.Command {
 	var t targetFlags
-	cmd := &cobra.Command{
-		Use:   "swaps [POD -n NAMESPACE [-c CONTAINER]]",
-		Short: "List swap history",
-		Args:  cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+	cmd := newCommand(g, "swaps [POD -n NAMESPACE [-c CONTAINER]]", "List swap history",
+		cobra.MaximumNArgs(1), func(_ *cobra.Command, args []string) (*inplacedv1.ListSwapsRequest, error) {
 			req := &inplacedv1.ListSwapsRequest{}
 			if len(args) == 1 || t.id != "" {
 				req.Target = &inplacedv1.Target{Namespace: t.namespace, Container: t.container, ContainerId: t.id}
@@ -291,15 +280,14 @@ func newSwapsCommand(g *globals) *cobra.Command {
 					req.Target.Pod = args[0]
 				}
 			}
-			return g.call(func(c inplacedv1.ControlClient) error {
-				resp, err := c.ListSwaps(cmd.Context(), req)
-				if err != nil {
-					return err
-				}
-				return printSwaps(cmd.OutOrStdout(), g.output, resp.Swaps)
-			})
-		},
-	}
+			return req, nil
+		}, func(ctx context.Context, c inplacedv1.ControlClient, req *inplacedv1.ListSwapsRequest, output string, w io.Writer) error {
+			resp, err := c.ListSwaps(ctx, req)
+			if err != nil {
+				return err
+			}
+			return printSwaps(w, output, resp.Swaps)
+		})
 	t.add(cmd)
 	return cmd
 }

@@ -19,6 +19,29 @@ func (t *targetFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&t.id, "id", "", "container ID or unique ID prefix (instead of POD -c CONTAINER)")
 }
 
+// PodFilter narrows what ps and watch show to a namespace and a pod ("":
+// any).
+type PodFilter struct {
+	Namespace, Pod string
+}
+
+func (f *PodFilter) addNamespace(cmd *cobra.Command) {
+	cmd.Flags().StringVarP(&f.Namespace, "namespace", "n", "", "only this namespace")
+}
+
+// targetRequest is the request of a command that names one container:
+// build makes it for the container the arguments and flags name.
+func targetRequest[Req any](t *targetFlags, build func(*inplacedv1.Target) (Req, error)) func(*cobra.Command, []string) (Req, error) {
+	return func(_ *cobra.Command, args []string) (Req, error) {
+		target, err := t.target(args)
+		if err != nil {
+			var none Req
+			return none, err
+		}
+		return build(target)
+	}
+}
+
 func (t *targetFlags) target(args []string) (*inplacedv1.Target, error) {
 	switch {
 	case t.id != "" && len(args) > 0:

@@ -16,31 +16,19 @@ import (
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
-// WatchOptions are the flags of `inplacectl watch`.
-type WatchOptions struct {
-	Namespace, Pod string
-}
-
 func newWatchCommand(g *globals) *cobra.Command {
-	o := &WatchOptions{}
-	cmd := &cobra.Command{
-		Use:   "watch [--pod POD] [-n NAMESPACE]",
-		Short: "Stream swaps, steps, resizes, overrides and fence waits as they happen (Ctrl-C ends)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return g.call(func(c inplacedv1.ControlClient) error {
-				return Watch(cmd.Context(), c, o, g.output, cmd.OutOrStdout())
-			})
-		},
-	}
-	cmd.Flags().StringVarP(&o.Namespace, "namespace", "n", "", "only this namespace")
+	o := &PodFilter{}
+	cmd := newCommand(g, "watch [--pod POD] [-n NAMESPACE]",
+		"Stream swaps, steps, resizes, overrides and fence waits as they happen (Ctrl-C ends)",
+		cobra.NoArgs, always(o), Watch)
+	o.addNamespace(cmd)
 	cmd.Flags().StringVar(&o.Pod, "pod", "", "only this pod")
 	return cmd
 }
 
 // Watch prints events until ctx ends (nil then) or the daemon goes away.
 // JSON and YAML are one document per event (JSON: one line each).
-func Watch(ctx context.Context, c inplacedv1.ControlClient, o *WatchOptions, output string, w io.Writer) error {
+func Watch(ctx context.Context, c inplacedv1.ControlClient, o *PodFilter, output string, w io.Writer) error {
 	stream, err := c.Watch(ctx, &inplacedv1.WatchRequest{Namespace: o.Namespace, Pod: o.Pod})
 	if err != nil {
 		return err
