@@ -15,13 +15,15 @@ import (
 const maxDeps = 350
 
 // ownAllowed are the only packages of this module kubectl-inplace may
-// link: the pod API contract (with the swap strategies' vocabulary, a leaf
-// of the standard library) and the core/v1 client.
+// link: the pod API contract (with the swap strategies' vocabulary and the
+// enum package it reads it with, leaves of the standard library) and the
+// core/v1 client.
 var ownAllowed = map[string]bool{
 	"github.com/inplaced/inplaced/cmd/kubectl-inplace": true,
 	"github.com/inplaced/inplaced/pkg/kube/podapi":     true,
 	"github.com/inplaced/inplaced/pkg/kubeclient":      true,
 	"github.com/inplaced/inplaced/pkg/strategy":        true,
+	"github.com/inplaced/inplaced/pkg/internal/enum":   true,
 }
 
 // linkedWhy says why a package must not be linked into kubectl-inplace,
@@ -91,6 +93,7 @@ func TestLinkedWhy(t *testing.T) {
 		"github.com/inplaced/inplaced/pkg/kube/podapi":        false,
 		"github.com/inplaced/inplaced/pkg/kubeclient":         false,
 		"github.com/inplaced/inplaced/pkg/strategy":           false,
+		"github.com/inplaced/inplaced/pkg/internal/enum":      false,
 		"github.com/inplaced/inplaced/cmd/kubectl-inplace":    false,
 		"github.com/inplaced/inplaced/pkg/kube":               true,
 		"github.com/inplaced/inplaced/pkg/swap":               true,

@@ -7,11 +7,7 @@
 // config can use it without linking what installs a hold.
 package holdmode
 
-import (
-	"fmt"
-	"slices"
-	"strings"
-)
+import "github.com/inplaced/inplaced/pkg/internal/enum"
 
 // Mode is how connection attempts are held.
 type Mode string
@@ -30,24 +26,12 @@ const (
 const Default = Queue
 
 // modes are every mode, in the order messages list them.
-var modes = []Mode{Queue, Drop, Off}
+var modes = enum.Set[Mode]{Queue, Drop, Off}
 
 // Choices lists the modes for a message: "queue, drop or off".
-func Choices() string {
-	s := make([]string, len(modes))
-	for i, m := range modes {
-		s[i] = string(m)
-	}
-	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
-}
+func Choices() string { return modes.Choices() }
 
 // Parse reads a mode as the flag, the config file and the annotation spell
 // it; case and surrounding blanks do not matter. The error names the value
 // and the choices, for the caller to say where the value came from.
-func Parse(s string) (Mode, error) {
-	m := Mode(strings.ToLower(strings.TrimSpace(s)))
-	if slices.Contains(modes, m) {
-		return m, nil
-	}
-	return "", fmt.Errorf("%q: use %s", s, Choices())
-}
+func Parse(s string) (Mode, error) { return modes.Parse(s) }

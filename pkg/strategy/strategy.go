@@ -4,15 +4,12 @@
 // and read here only, for every place a strategy comes from (the pod
 // annotation inplaced.io/swap-strategy, --swap-strategy and the config
 // file, inplacectl swap --strategy, kubectl inplace swap --strategy) and
-// every place that acts on one (the swap engine). A leaf of the standard
-// library, so that the CLIs link it without the daemon.
+// every place that acts on one (the swap engine). A leaf (the standard
+// library and pkg/internal/enum), so that the CLIs link it without the
+// daemon.
 package strategy
 
-import (
-	"fmt"
-	"slices"
-	"strings"
-)
+import "github.com/inplaced/inplaced/pkg/internal/enum"
 
 // Annotation is the pod annotation that asks for a strategy for every swap
 // of the pod's containers (kubelet copies a pod's annotations into its
@@ -38,25 +35,13 @@ const (
 const Default = StopFirst
 
 // strategies are every strategy, in the order messages list them.
-var strategies = []Strategy{StopFirst, Overlap}
+var strategies = enum.Set[Strategy]{StopFirst, Overlap}
 
 // Choices lists the strategies for a message: "stop-first or overlap".
-func Choices() string {
-	s := make([]string, len(strategies))
-	for i, v := range strategies {
-		s[i] = string(v)
-	}
-	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
-}
+func Choices() string { return strategies.Choices() }
 
 // Parse reads a strategy as the flag, the config file, the annotation and
 // a request spell it; case and surrounding blanks do not matter. The error
 // names the value and the choices, for the caller to say where the value
 // came from.
-func Parse(s string) (Strategy, error) {
-	v := Strategy(strings.ToLower(strings.TrimSpace(s)))
-	if slices.Contains(strategies, v) {
-		return v, nil
-	}
-	return "", fmt.Errorf("%q: use %s", s, Choices())
-}
+func Parse(s string) (Strategy, error) { return strategies.Parse(s) }
