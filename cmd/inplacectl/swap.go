@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/inplaced/inplaced/pkg/strategy"
+	"github.com/inplaced/inplaced/pkg/swapflags"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
@@ -51,10 +52,7 @@ func newSwapCommand(g *globals) *cobra.Command {
 		cobra.MaximumNArgs(1), o.request, followSwapCall(inplacedv1.ControlClient.Swap))
 	o.Target.add(cmd)
 	f := cmd.Flags()
-	f.StringVar(&o.Image, "image", "", "new image reference (pulled before anything is stopped)")
-	f.StringArrayVar(&o.Env, "env", nil, "set an environment variable K=V (repeatable)")
-	f.StringArrayVar(&o.UnsetEnv, "unset-env", nil, "remove an environment variable (repeatable)")
-	f.StringArrayVar(&o.Command, "command", nil, "new command, one element per flag (repeatable)")
+	swapflags.AddChange(f, &o.Image, &o.Env, &o.UnsetEnv, &o.Command)
 	f.StringArrayVar(&o.Args, "args", nil, "new args, one element per flag (repeatable)")
 	f.StringVar(&o.RegistryAuth, "registry-auth", "", "JSON file with registry credentials {username,password|auth|identity_token,server_address}; kept in memory only")
 	f.Int64Var(&o.GracePeriod, "grace-period", 0, "seconds for preStop + stop (default: the pod's terminationGracePeriod)")
@@ -107,16 +105,11 @@ func (o *SwapOptions) change(cmd *cobra.Command) (*inplacedv1.Change, error) {
 	if cmd.Flags().Changed("privileged") {
 		ch.Privileged = &o.Privileged
 	}
-	for _, kv := range o.Env {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return nil, fmt.Errorf("--env %q: want KEY=VALUE", kv)
-		}
-		if ch.SetEnv == nil {
-			ch.SetEnv = map[string]string{}
-		}
-		ch.SetEnv[k] = v
+	env, err := swapflags.ParseEnv(o.Env)
+	if err != nil {
+		return nil, err
 	}
+	ch.SetEnv = env
 	if cmd.Flags().Changed("command") {
 		ch.SetCommand, ch.Command = true, o.Command
 	}

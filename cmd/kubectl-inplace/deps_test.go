@@ -16,14 +16,15 @@ const maxDeps = 350
 
 // ownAllowed are the only packages of this module kubectl-inplace may
 // link: the pod API contract (with the swap strategies' vocabulary and the
-// enum package it reads it with, leaves of the standard library) and the
-// core/v1 client.
+// enum package it reads it with, leaves of the standard library), the
+// change flags it shares with inplacectl swap and the core/v1 client.
 var ownAllowed = map[string]bool{
 	"github.com/inplaced/inplaced/cmd/kubectl-inplace": true,
 	"github.com/inplaced/inplaced/pkg/kube/podapi":     true,
 	"github.com/inplaced/inplaced/pkg/kubeclient":      true,
 	"github.com/inplaced/inplaced/pkg/strategy":        true,
 	"github.com/inplaced/inplaced/pkg/internal/enum":   true,
+	"github.com/inplaced/inplaced/pkg/swapflags":       true,
 }
 
 // linkedWhy says why a package must not be linked into kubectl-inplace,
@@ -94,6 +95,7 @@ func TestLinkedWhy(t *testing.T) {
 		"github.com/inplaced/inplaced/pkg/kubeclient":         false,
 		"github.com/inplaced/inplaced/pkg/strategy":           false,
 		"github.com/inplaced/inplaced/pkg/internal/enum":      false,
+		"github.com/inplaced/inplaced/pkg/swapflags":          false,
 		"github.com/inplaced/inplaced/cmd/kubectl-inplace":    false,
 		"github.com/inplaced/inplaced/pkg/kube":               true,
 		"github.com/inplaced/inplaced/pkg/swap":               true,

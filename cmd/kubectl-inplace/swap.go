@@ -20,6 +20,7 @@ import (
 	"github.com/inplaced/inplaced/pkg/kube/podapi"
 	"github.com/inplaced/inplaced/pkg/kubeclient"
 	"github.com/inplaced/inplaced/pkg/strategy"
+	"github.com/inplaced/inplaced/pkg/swapflags"
 )
 
 // SwapOptions are the flags of `kubectl inplace swap`.
@@ -99,10 +100,7 @@ not yet started untouched.`,
 	f := cmd.Flags()
 	f.StringVarP(&o.Selector, "selector", "l", "", "swap the pods this label selector selects, instead of one named pod")
 	f.StringVarP(&o.Container, "container", "c", "", "the container to swap (required)")
-	f.StringVar(&o.Image, "image", "", "new image reference (pulled before anything is stopped)")
-	f.StringArrayVar(&o.Env, "env", nil, "set an environment variable K=V (repeatable)")
-	f.StringArrayVar(&o.UnsetEnv, "unset-env", nil, "remove an environment variable (repeatable)")
-	f.StringArrayVar(&o.Command, "command", nil, "new command, one element per flag (repeatable)")
+	swapflags.AddChange(f, &o.Image, &o.Env, &o.UnsetEnv, &o.Command)
 	f.StringArrayVar(&o.Args, "args", nil, "new args, one element per flag (repeatable; --args=-flag for one that starts with -)")
 	f.StringVar(&o.HealthHTTP, "health-http", "", "health gate: PORT/PATH fetched from the pod IP, e.g. 8080/healthz")
 	f.Int32Var(&o.HealthTCP, "health-tcp", 0, "health gate: TCP port on the pod IP")
@@ -123,16 +121,11 @@ not yet started untouched.`,
 func (o *SwapOptions) Request() (string, *podapi.SwapRequest, error) {
 	r := podapi.SwapRequest{Container: o.Container, Image: o.Image, UnsetEnv: o.UnsetEnv, HealthHTTP: o.HealthHTTP,
 		HealthTCP: o.HealthTCP, HealthExec: o.HealthExec, DrainSeconds: o.DrainSeconds, Strategy: o.Strategy}
-	for _, kv := range o.Env {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return "", nil, fmt.Errorf("--env %q: want KEY=VALUE", kv)
-		}
-		if r.Env == nil {
-			r.Env = map[string]string{}
-		}
-		r.Env[k] = v
+	env, err := swapflags.ParseEnv(o.Env)
+	if err != nil {
+		return "", nil, err
 	}
+	r.Env = env
 	if o.MinRuntime != 0 {
 		r.MinRuntime = o.MinRuntime.String()
 	}
