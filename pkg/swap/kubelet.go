@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sync"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -308,10 +306,10 @@ func (e *Engine) RecordEvent(rec *inplacedv1.SwapRecord) error {
 // Discard stops and removes a container a kubelet-driven swap made, when
 // kubelet's own create wins (its config differs from the prepared one).
 func (e *Engine) Discard(ctx context.Context, id string) error {
-	if _, err := e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 2}); err != nil && status.Code(err) != codes.NotFound {
+	if _, err := e.rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 2}); err != nil && !runtimeGone(err) {
 		return fmt.Errorf("stop %s: %w", short(id), err)
 	}
-	if _, err := e.rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil && status.Code(err) != codes.NotFound {
+	if _, err := e.rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil && !runtimeGone(err) {
 		return fmt.Errorf("remove %s: %w", short(id), err)
 	}
 	return e.store.DeleteContainer(id)

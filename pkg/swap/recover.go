@@ -6,8 +6,6 @@ import (
 	"fmt"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -78,7 +76,7 @@ func decodeEntry(j *store.JournalEntry) (*journaled, error) {
 // still there and ready, and its containers.
 func (e *Engine) observe(ctx context.Context, sandboxID string) runtimeView {
 	sb, err := e.rt.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sandboxID})
-	gone := status.Code(err) == codes.NotFound || (err == nil && sb.GetStatus().GetState() != runtimeapi.PodSandboxState_SANDBOX_READY)
+	gone := runtimeGone(err) || (err == nil && sb.GetStatus().GetState() != runtimeapi.PodSandboxState_SANDBOX_READY)
 	if err != nil && !gone {
 		return runtimeView{err: fmt.Errorf("sandbox status: %w", err)}
 	}

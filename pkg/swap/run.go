@@ -31,6 +31,11 @@ const runtimeDownWait = time.Minute
 // restarted): the container it was asked about is not the cause.
 func runtimeDown(err error) bool { return status.Code(err) == codes.Unavailable }
 
+// runtimeGone reports whether err is the runtime's NotFound: the container
+// or sandbox asked about no longer exists, which a stop or a removal takes
+// as done.
+func runtimeGone(err error) bool { return status.Code(err) == codes.NotFound }
+
 // sleepCtx waits d, or returns ctx's cause when it ends first.
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	select {

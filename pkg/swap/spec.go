@@ -6,8 +6,6 @@ import (
 	"fmt"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/inplaced/inplaced/pkg/store"
@@ -47,7 +45,7 @@ func (e *Engine) SpecWritten(ctx context.Context, rec *inplacedv1.SwapRecord, sp
 		}
 	}
 	if old := rec.OldContainerId; old != "" && old != rec.RunningContainerId {
-		if _, err := e.rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: old}); err != nil && status.Code(err) != codes.NotFound {
+		if _, err := e.rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: old}); err != nil && !runtimeGone(err) {
 			errs = append(errs, fmt.Errorf("remove the old container %s: %w", short(old), err))
 		} else {
 			e.fences.EndLinger(old)
