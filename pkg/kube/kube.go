@@ -190,7 +190,7 @@ func compose(o Options) *Controller {
 	c.env = &envFromMetadata{engine: o.Engine, containers: containers, cache: c.cache, writer: c.writer, images: c.images,
 		requeue: c.requeue, log: o.Logger, now: time.Now, ctx: c.runContext,
 		swaps: map[string]*envSwap{}, retry: map[containerKey]*envBackoff{}}
-	handover := &specHandover{client: o.Client, engine: o.Engine, kubelet: o.Kubelet, cache: c.cache, writer: c.writer,
+	handover := &specHandover{engine: o.Engine, kubelet: o.Kubelet, cache: c.cache, writer: c.writer,
 		log: o.Logger, now: time.Now, ctx: c.runContext}
 	c.requests = &swapRequests{engine: o.Engine, cache: c.cache, writer: c.writer, handover: handover,
 		log: o.Logger, now: time.Now, ctx: c.runContext, seen: map[types.UID]string{}, running: map[types.UID]string{}}

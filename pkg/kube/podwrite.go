@@ -21,9 +21,9 @@ const apiTimeout = 10 * time.Second
 
 // podWriter is what the features write on pods and the node: the status
 // annotation and conditions (through pods/status, what a node's
-// credentials may write), events, and — once per pod and action — what the
-// identity may not do. Events go through the recorder Run starts; node
-// events reported before are kept until then.
+// credentials may write), a swapped image in the spec, events, and — once
+// per pod and action — what the identity may not do. Events go through the
+// recorder Run starts; node events reported before are kept until then.
 type podWriter struct {
 	client kubeclient.Interface
 	node   string
@@ -68,6 +68,29 @@ func (w *podWriter) setCondition(pod *corev1.Pod, typ string, s corev1.Condition
 		w.log.Warn("cannot set pod condition", zap.String("pod", pod.Namespace+"/"+pod.Name), zap.String("condition", typ), zap.Error(err))
 		w.cannot(pod, "set condition "+typ, err)
 	}
+}
+
+// writeImage writes container's image into pod's spec: specPatch, as a
+// dry run (authorization and admission only) with dryRun.
+func (w *podWriter) writeImage(ctx context.Context, pod *corev1.Pod, container, image string, dryRun bool) error {
+	opts := metav1.PatchOptions{}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	_, err := w.client.Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, specPatch(pod, container, image), opts)
+	return err
+}
+
+// specPatch is the strategic merge patch of one container's image, with
+// the pod's UID as a precondition.
+func specPatch(pod *corev1.Pod, container, image string) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"metadata": map[string]any{"uid": pod.UID},
+		"spec":     map[string]any{"containers": []any{map[string]any{"name": container, "image": image}}},
+	})
+	return b
 }
 
 // setReady writes the readiness gate's condition True: no swap runs.

@@ -2,18 +2,14 @@ package kube
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/inplaced/inplaced/pkg/kube/podapi"
-	"github.com/inplaced/inplaced/pkg/kubeclient"
 	inplacedv1 "github.com/inplaced/inplaced/proto/inplaced/v1"
 )
 
@@ -57,7 +53,6 @@ const kubeletSeesWait = 10 * time.Second
 // specHandover writes a committed request's image into the pod spec, in
 // the order above (handOver). It keeps no state of its own.
 type specHandover struct {
-	client  kubeclient.Interface
 	engine  Engine
 	kubelet Kubelet
 	cache   *podCache
@@ -67,25 +62,11 @@ type specHandover struct {
 	ctx     func() context.Context
 }
 
-// specPatch is the strategic merge patch of one container's image, with
-// the pod's UID as a precondition.
-func specPatch(pod *corev1.Pod, container, image string) []byte {
-	b, _ := json.Marshal(map[string]any{
-		"metadata": map[string]any{"uid": pod.UID},
-		"spec":     map[string]any{"containers": []any{map[string]any{"name": container, "image": image}}},
-	})
-	return b
-}
-
 // canPatch asks the API server, with a dry run that goes through
 // authorization and admission (NodeRestriction refuses a node's spec
 // writes), whether the image can be written into the spec.
 func (h *specHandover) canPatch(pod *corev1.Pod, container, image string) error {
-	ctx, cancel := context.WithTimeout(h.ctx(), apiTimeout)
-	defer cancel()
-	_, err := h.client.Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType,
-		specPatch(pod, container, image), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
-	return err
+	return h.writer.writeImage(h.ctx(), pod, container, image, true)
 }
 
 // handOver is steps 2 and 3 for a committed swap; it returns the
@@ -132,10 +113,7 @@ func (h *specHandover) handOver(pod *corev1.Pod, rec *inplacedv1.SwapRecord, ima
 func (h *specHandover) patchImage(ctx context.Context, pod *corev1.Pod, container, image string) error {
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
-		callCtx, cancel := context.WithTimeout(ctx, apiTimeout)
-		_, err = h.client.Pods(pod.Namespace).Patch(callCtx, pod.Name, types.StrategicMergePatchType,
-			specPatch(pod, container, image), metav1.PatchOptions{})
-		cancel()
+		err = h.writer.writeImage(ctx, pod, container, image, false)
 		if err == nil || ctx.Err() != nil {
 			break
 		}
