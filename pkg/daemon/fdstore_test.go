@@ -85,12 +85,16 @@ func TestFDStore(t *testing.T) {
 func TestTakerAdoptSplitsActivatedFiles(t *testing.T) {
 	var files []*os.File
 	for _, name := range []string{"inplaced.socket", "takeover.1.YWJj.c3dhcA", "other"} {
-		r, w, err := os.Pipe()
-		if err != nil {
+		// Raw fds, each owned by one *os.File only: wrapping an os.Pipe's
+		// r.Fd() left r's finalizer to close the same number again at some
+		// later GC, by then another test's file (a TempDir's RemoveAll
+		// failed with EBADF in CI).
+		var p [2]int
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
 			t.Fatal(err)
 		}
-		w.Close()
-		files = append(files, os.NewFile(r.Fd(), name))
+		unix.Close(p[1])
+		files = append(files, os.NewFile(uintptr(p[0]), name))
 	}
 	tk := &taker{log: zaptest.NewLogger(t), adopted: map[string]bool{}}
 	rest := tk.adopt(files)
