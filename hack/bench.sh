@@ -64,6 +64,10 @@ cd "${ROOT}"
 BENCH="${BENCH:-.}"
 BENCHTIME="${BENCHTIME:-1s}"
 OUT="${BENCH_OUT:-${ROOT}/_output/bench}"
+# go test runs in the package directory: a relative BENCH_OUT is made absolute
+# here, from the repository's root (the script runs there).
+mkdir -p "${OUT}"
+OUT="$(cd "${OUT}" && pwd)"
 export INPLACED_BIN="${INPLACED_BIN:-${ROOT}/_output/bin}"
 export INPLACED_BENCH_RESULTS="${OUT}/results.jsonl"
 export INPLACED_BENCH_KUBE_DOC="${INPLACED_BENCH_KUBE_DOC:-${ROOT}/docs/benchmarks-kubernetes.md}" # BenchmarkKubePatch writes it
