@@ -78,11 +78,13 @@ func TestOverlapRestart(t *testing.T) {
 
 	t.Run("kill -9", func(t *testing.T) {
 		bound := killWhileBinding(t, app, url(8080, "listen?port=9092"))
+		active := time.Now()
 		select {
 		case got := <-bound:
 			if !strings.Contains(got, "listening") {
 				t.Fatalf("the waiting bind after the restart: %s", got)
 			}
+			t.Logf("the waiting bind answered %s after inplaced was seen active again: %s", time.Since(active).Round(time.Millisecond), got)
 		case <-time.After(time.Minute):
 			t.Fatal("the waiting bind was not answered within a minute of the restart")
 		}
