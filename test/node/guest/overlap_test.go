@@ -64,9 +64,9 @@ func TestOverlapRestart(t *testing.T) {
 		t.Fatalf("swap %s %s, strategy %s (%s): want committed with overlap, 8080 handed over", rec.State, rec.Error, rec.Strategy, rec.StrategyWhy)
 	}
 	id := rec.RunningContainerID
-	waitPod(t, "ovr", 2*time.Minute, func(p *harness.KubePod) error {
-		if c := p.Container(container); c.ID() != id || !c.Ready {
-			return fmt.Errorf("kubelet shows container %s ready %v, want %s", c.ID(), c.Ready, id)
+	waitPod(t, "ovr", 2*time.Minute, func(kp *harness.KubePod) error {
+		if c := kp.Container(container); c == nil || c.ID() != id || !c.Ready {
+			return fmt.Errorf("kubelet does not show container %s ready yet", id)
 		}
 		return nil
 	})
