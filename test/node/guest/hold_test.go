@@ -128,11 +128,22 @@ type holdSwapRecord struct {
 
 func lastJSON(t *testing.T, out string) holdSwapRecord {
 	t.Helper()
+	return decodeLast[holdSwapRecord](t, out)
+}
+
+// decodeLast decodes the last JSON object of inplacectl's output (a swap
+// prints its progress first).
+func decodeLast[T any](t *testing.T, out string) T {
+	t.Helper()
 	if i := strings.LastIndex(out, "\n{"); i >= 0 {
 		out = out[i+1:]
 	}
-	var r holdSwapRecord
-	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &r); err != nil {
+	var r T
+	i := strings.Index(out, "{")
+	if i < 0 {
+		t.Fatalf("no swap record in:\n%s", out)
+	}
+	if err := json.Unmarshal([]byte(out[i:]), &r); err != nil {
 		t.Fatalf("decode swap record: %v\n%s", err, out)
 	}
 	return r
