@@ -36,8 +36,22 @@ func newEnv(t *testing.T, c *harness.Containerd, daemonEnv ...string) *env {
 // forEachBackend runs fn as a subtest per backend, each with its own
 // registry-mirroring containerd.
 func forEachBackend(t *testing.T, fn func(t *testing.T, c *harness.Containerd), opts ...harness.Option) {
-	harness.RequireRoot(t)
+	forBackends(t, harness.BackendsFromEnv(), fn, opts...)
+}
+
+// forFirstBackend is forEachBackend on the first backend only, for what is
+// inplaced's own behaviour (firstBackend).
+func forFirstBackend(t *testing.T, fn func(t *testing.T, c *harness.Containerd), opts ...harness.Option) {
 	backends := harness.BackendsFromEnv()
+	if len(backends) > 1 {
+		t.Logf("inplaced's own behaviour, the same on every containerd: runs on %s only", backends[0])
+		backends = backends[:1]
+	}
+	forBackends(t, backends, fn, opts...)
+}
+
+func forBackends(t *testing.T, backends []harness.Backend, fn func(t *testing.T, c *harness.Containerd), opts ...harness.Option) {
+	harness.RequireRoot(t)
 	harness.Require(t, "a containerd backend", len(backends) > 0, "no containerd found; run hack/install-deps.sh")
 	reg := harness.StartRegistry(t)
 	for _, b := range backends {
@@ -46,6 +60,27 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, c *harness.Containerd), 
 			fn(t, c)
 		})
 	}
+}
+
+// firstBackend reports whether b is the first of INPLACED_BACKENDS
+// (containerd 2.4 in make test). What proves inplaced's own behaviour, the
+// same on every containerd (its socket across restarts, the API server's
+// absence, the kubectl plugin), runs there only: a second backend would
+// add only time to make test.
+func firstBackend(b harness.Backend) bool {
+	bs := harness.BackendsFromEnv()
+	return len(bs) > 0 && bs[0] == b
+}
+
+// onFirstBackend runs fn as subtest name when b is the first backend, and
+// otherwise records the subtest as skipped, saying where it ran.
+func onFirstBackend(t *testing.T, b harness.Backend, name string, fn func(t *testing.T)) {
+	t.Run(name, func(t *testing.T) {
+		if !firstBackend(b) {
+			t.Skipf("inplaced's own behaviour, the same on every containerd: runs on %s only", harness.BackendsFromEnv()[0])
+		}
+		fn(t)
+	})
 }
 
 func ctx(t *testing.T) context.Context {

@@ -52,11 +52,11 @@ func TestKubernetesMode(t *testing.T) {
 			t.Run("pod deleted while its stop is held", km.testDeleteWhileHeld)
 			t.Run("image patch goes in place", km.testImagePatch)
 			t.Run("unpullable tag keeps the old container", km.testUnpullable)
-			t.Run("API server down", km.testAPIServerDown)
+			onFirstBackend(t, b, "API server down", km.testAPIServerDown)
 			t.Run("env swap by annotation", km.testAnnotationEnv)
 			t.Run("bad requests refused", km.testAnnotationRefused)
 			t.Run("env from metadata", km.testEnvFromMetadata)
-			t.Run("kubectl inplace swap -l", km.testKubectlPlugin)
+			onFirstBackend(t, b, "kubectl inplace swap -l", km.testKubectlPlugin)
 			// It restarts inplaced with the identity of deploy/kubernetes/rbac.yaml.
 			t.Run("image by annotation patches the spec", km.testAnnotationImage)
 			// Last: it restarts inplaced with --affinity-drift=refuse.
