@@ -115,3 +115,8 @@ func (c *Controllers) stop() []error {
 	}
 	return errs
 }
+
+// LogTails is the last n lines of both logs.
+func (c *Controllers) LogTails(n int) string {
+	return "kube-controller-manager:\n" + tailFile(c.ManagerLog, n) + "\nkube-scheduler:\n" + tailFile(c.SchedulerLog, n)
+}

@@ -423,8 +423,9 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 	t.Logf("control plane for the guest up %s after QEMU's start: the guest reaches %s at %s", time.Since(start).Round(time.Second), cp.URL, guestAPI)
 	// The DaemonSet and the Jobs of the fleet suite are rolled out by the
 	// real controllers; they start while the guest boots.
-	if err := cp.StartControllers(t).WaitHealthy(2 * time.Minute); err != nil {
-		t.Fatalf("kube-controller-manager, kube-scheduler: %v", err)
+	ctl := cp.StartControllers(t)
+	if err := ctl.WaitHealthy(2 * time.Minute); err != nil {
+		t.Fatalf("kube-controller-manager, kube-scheduler: %v\n%s", err, ctl.LogTails(30))
 	}
 	t.Logf("kube-controller-manager and kube-scheduler healthy %s after QEMU's start", time.Since(start).Round(time.Second))
 

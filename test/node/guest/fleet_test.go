@@ -27,7 +27,7 @@ const (
 	fleetPods      = 20
 	kubeletConfig  = "/etc/kubernetes/kubelet-config.yaml"
 	annotationKey  = "inplaced.io/installed"
-	criPerSecond   = 25 // each of Version and ListContainers: 50 calls a second
+	criPerSecond   = 50 // each of Version and ListContainers, as test/e2e's restart tests
 )
 
 // fleetTags are the image's two versions in $INPLACED_FLEET_DIR/images
@@ -39,7 +39,7 @@ var fleetTags = [2]string{"fleet-v1", "fleet-v2"}
 // client polling one of them; `helm install` of deploy/helm/inplaced with
 // the image from the guest's registry, rolled out by the real DaemonSet
 // controller and scheduler; an upgrade to another tag under a CRI client
-// (Version and ListContainers, 50 calls a second, through inplaced's
+// (Version and ListContainers, 50 times a second each, through inplaced's
 // socket); `kill -9` of inplaced under the same client; `helm uninstall`.
 // Each step: no container restarted (same IDs, same restart counts), no
 // failed request of the polling client; the figures are logged ("fleet:"
