@@ -52,8 +52,11 @@ func TestFleet(t *testing.T) {
 		name string
 		run  func(*testing.T)
 	}{{"install", f.install}, {"upgrade", f.upgrade}, {"kill", f.kill}, {"uninstall", f.uninstall}}
+	// A failed upgrade or kill leaves inplaced installed: the later steps
+	// still run and give their figures. Without an install there is
+	// nothing to upgrade, kill or remove.
 	for _, s := range steps {
-		if !t.Run(s.name, s.run) {
+		if !t.Run(s.name, s.run) && s.name == "install" {
 			break
 		}
 	}
