@@ -309,6 +309,7 @@ func (f *fleet) uninstall(t *testing.T) {
 		t.Errorf("kubelet was not restarted (pid %d) after its endpoint went back", pid)
 	}
 	waitNodeReady(t, f.cs, 3*time.Minute)
+	f.podsGone(t)
 	f.nothingLeft(t)
 	f.samePods(t, "uninstall")
 	f.nodeStayedReady(t, ready, "uninstall")
@@ -412,4 +413,23 @@ func (f *fleet) checkInstallerPod(t *testing.T) {
 		}
 	}
 	t.Logf("fleet: installer pod %s made by %s %s, PodScheduled=%s on %s", p.Name, owner.Kind, owner.Name, scheduled, p.Spec.NodeName)
+}
+
+// podsGone waits until the installer's and the uninstall hook's pods are
+// gone: the garbage collector deletes them with their DaemonSet and Job,
+// and kubelet stops them.
+func (f *fleet) podsGone(t *testing.T) {
+	start := time.Now()
+	eventually(t, 3*time.Minute, "the installer's and the hook's pods gone", func() error {
+		l, err := f.cs.CoreV1().Pods(fleetNamespace).List(ctx(t), metav1.ListOptions{
+			LabelSelector: "app.kubernetes.io/name in (" + fleetDaemonSet + ",inplaced-uninstall)"})
+		if err != nil {
+			return err
+		}
+		if len(l.Items) > 0 {
+			return fmt.Errorf("%d pods left, e.g. %s", len(l.Items), l.Items[0].Name)
+		}
+		return nil
+	})
+	t.Logf("fleet: uninstall: the installer's and the hook's pods gone %s after helm uninstall returned", time.Since(start).Round(time.Second))
 }
