@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -243,6 +245,8 @@ func (f *fleet) kill(t *testing.T) {
 	if err := syscall.Kill(inplacedPID, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill -9 %d: %v", inplacedPID, err)
 	}
+	gone := waitDead(inplacedPID)
+	t.Logf("fleet: kill -9: the process was gone %s after the signal", gone.Sub(killed).Round(time.Microsecond))
 	var back time.Duration
 	eventually(t, time.Minute, "inplaced restarted by systemd", func() error {
 		if pid := mainPID(t, "inplaced"); pid == 0 || pid == inplacedPID {
@@ -257,7 +261,7 @@ func (f *fleet) kill(t *testing.T) {
 	time.Sleep(15 * time.Second) // past the Node's next status update
 	calls := load.Stop()
 	notReady := watch.stop()
-	f.judgeKill(t, calls, killed, back)
+	f.judgeKill(t, calls, gone, back+killed.Sub(gone))
 	t.Logf("fleet: kill -9: NRestarts %s → %s", restarts, unitProps(t, "inplaced", "NRestarts")["NRestarts"])
 	for _, s := range notReady {
 		t.Errorf("the Node was not Ready during the kill: %s", s)
@@ -266,8 +270,24 @@ func (f *fleet) kill(t *testing.T) {
 	f.nodeStayedReady(t, ready, "kill -9")
 }
 
-// judgeKill fails t for a call made after the kill that failed; a call in
-// flight on the killed process's connection is cut with it, and counted.
+// waitDead returns when process pid has died (a zombie or reaped): its
+// connections are closed then. A call sent between the signal and that
+// moment went to the dying process.
+func waitDead(pid int) time.Time {
+	path := "/proc/" + strconv.Itoa(pid) + "/stat"
+	for {
+		b, err := os.ReadFile(path)
+		if _, rest, ok := strings.Cut(string(b), ") "); err != nil || (ok && strings.HasPrefix(rest, "Z")) {
+			return time.Now()
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+// judgeKill fails t for a call made after the killed process had died
+// (killed) that failed; a call made before, on the dying process's
+// connection, is cut with it, and counted. back is from there to inplaced
+// active again.
 func (f *fleet) judgeKill(t *testing.T, calls []harness.CRICall, killed time.Time, back time.Duration) {
 	var cut, after, failedAfter int
 	var wait time.Duration
@@ -276,7 +296,7 @@ func (f *fleet) judgeKill(t *testing.T, calls []harness.CRICall, killed time.Tim
 		if c.At.Before(killed) {
 			if end.After(killed) && c.Err != nil {
 				cut++
-				t.Logf("fleet: kill -9: a call in flight at the kill failed: %s at %s: %v", c.Method, c.At.Format("15:04:05.000"), c.Err)
+				t.Logf("fleet: kill -9: a call made before the process had died failed: %s at %s: %v", c.Method, c.At.Format("15:04:05.000"), c.Err)
 			}
 			continue
 		}
@@ -285,11 +305,11 @@ func (f *fleet) judgeKill(t *testing.T, calls []harness.CRICall, killed time.Tim
 		if c.Err != nil {
 			failedAfter++
 			if failedAfter <= 10 {
-				t.Errorf("kill -9: a CRI call made %s after the kill failed (took %s): %s: %v", c.At.Sub(killed).Round(time.Millisecond), c.Took.Round(time.Millisecond), c.Method, c.Err)
+				t.Errorf("kill -9: a CRI call made %s after inplaced had died failed (took %s): %s: %v", c.At.Sub(killed).Round(time.Millisecond), c.Took.Round(time.Millisecond), c.Method, c.Err)
 			}
 		}
 	}
-	t.Logf("fleet: kill -9: inplaced active again %s after the kill; %d calls made after it, %d failed, the longest waited %s; %d calls in flight at the kill failed (of %d calls in all)",
+	t.Logf("fleet: kill -9: inplaced active again %s after the process died; %d calls made after it died, %d failed, the longest waited %s; %d calls made before it died failed with it (of %d calls in all)",
 		back.Round(time.Millisecond), after, failedAfter, wait.Round(time.Millisecond), cut, len(calls))
 }
 
