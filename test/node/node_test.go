@@ -6,9 +6,13 @@
 // back on a serial port and is printed here, prefixed "guest| "; a failed
 // guest test fails TestNode.
 //
-// The guest's kubelet is a registered Node of a real control plane (etcd and
-// kube-apiserver v1.37.2, harness.StartControlPlane) that this test starts on
-// the host's loopback for each boot. The guest's only network is QEMU user
+// The guest's kubelet is a registered Node of a real control plane (etcd,
+// kube-apiserver, kube-controller-manager and kube-scheduler v1.37.2,
+// harness.StartControlPlane and StartControllers) that this test starts on
+// the host's loopback for each boot. The fleet suite (TestFleet: the chart's
+// install, upgrade and uninstall, with helm and two image tags in the
+// payload) runs first, on kubelet still on containerd; run.sh installs
+// inplaced by hand for the other suites after it. The guest's only network is QEMU user
 // networking with restrict=on: no route to the host or the outside, except
 // one forward, 10.0.2.100:6443 in the guest to the API server's port, relayed
 // by this test binary itself (TestMain, INPLACED_NODE_FORWARD). The node's and
