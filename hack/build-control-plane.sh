@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Builds the two processes of a minimal Kubernetes control plane for the e2e
-# harness (test/harness/controlplane.go) from the Go module proxy:
+# Builds the processes of a Kubernetes control plane for the e2e harness
+# (test/harness/controlplane.go, controllers.go) from the Go module proxy:
 #   ${INPLACED_TOOLS:-/var/cache/inplaced/tools}/kube-apiserver-${KUBE_APISERVER_VERSION}/kube-apiserver
 #   ${INPLACED_TOOLS:-/var/cache/inplaced/tools}/etcd-${ETCD_VERSION}/etcd
 #   ${INPLACED_TOOLS:-/var/cache/inplaced/tools}/kubectl-${KUBE_APISERVER_VERSION}/kubectl
-# and skips each one that is already there (--force rebuilds them). No
-# scheduler or controller-manager: tests bind pods with spec.nodeName and talk
-# to the API with client-go; kubectl is there to run the kubectl-inplace
-# plugin the way users do (`kubectl inplace ...`).
+#   ${INPLACED_TOOLS:-/var/cache/inplaced/tools}/kube-controller-manager-${KUBE_APISERVER_VERSION}/kube-controller-manager
+#   ${INPLACED_TOOLS:-/var/cache/inplaced/tools}/kube-scheduler-${KUBE_APISERVER_VERSION}/kube-scheduler
+# and skips each one that is already there (--force rebuilds them). Most
+# tests bind pods with spec.nodeName and talk to the API with client-go; the
+# node guest also runs the controller-manager and the scheduler, so that the
+# installer's DaemonSet and the chart's uninstall Job are rolled out by the
+# real controllers (kube-scheduler is the same path hack/build-openkruise.sh
+# uses: whichever runs first builds it). kubectl is there to run the
+# kubectl-inplace plugin the way users do (`kubectl inplace ...`).
 set -euo pipefail
 
 KUBE_APISERVER_VERSION="${KUBE_APISERVER_VERSION:-v1.37.2}"
@@ -17,6 +22,8 @@ HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 APISERVER="${TOOLS}/kube-apiserver-${KUBE_APISERVER_VERSION}/kube-apiserver"
 ETCD="${TOOLS}/etcd-${ETCD_VERSION}/etcd"
 KUBECTL="${TOOLS}/kubectl-${KUBE_APISERVER_VERSION}/kubectl"
+KCM="${TOOLS}/kube-controller-manager-${KUBE_APISERVER_VERSION}/kube-controller-manager"
+SCHEDULER="${TOOLS}/kube-scheduler-${KUBE_APISERVER_VERSION}/kube-scheduler"
 
 log() { printf '[build-control-plane] %s\n' "$*" >&2; }
 # shellcheck source=lib/k8s-build.sh
@@ -89,4 +96,27 @@ if (( ${#k8s_cmds[@]} > 0 )); then
 	timing_record kube-apiserver+kubectl $(( $(date +%s) - start ))
 	"${APISERVER}" --version >&2
 	"${KUBECTL}" version --client >&2
+fi
+
+# The controller-manager and the scheduler: one more build of the same
+# scratch module (their packages are mostly in the build cache by now).
+k8s_cmds=()
+if [[ -x "${KCM}" && ${force} == 0 ]]; then
+	log "kube-controller-manager ${KUBE_APISERVER_VERSION} present at ${KCM}"
+else
+	k8s_cmds+=(k8s.io/kubernetes/cmd/kube-controller-manager "${KCM}")
+fi
+if [[ -x "${SCHEDULER}" && ${force} == 0 ]]; then
+	log "kube-scheduler ${KUBE_APISERVER_VERSION} present at ${SCHEDULER}"
+else
+	k8s_cmds+=(k8s.io/kubernetes/cmd/kube-scheduler "${SCHEDULER}")
+fi
+if (( ${#k8s_cmds[@]} > 0 )); then
+	start=$(date +%s)
+	log "building ${k8s_cmds[0]##*/}${k8s_cmds[2]:+ and ${k8s_cmds[2]##*/}} ${KUBE_APISERVER_VERSION}"
+	k8s_build "${KUBE_APISERVER_VERSION}" "${k8s_cmds[@]}"
+	log "built in $(( $(date +%s) - start ))s"
+	timing_record kube-controller-manager+kube-scheduler $(( $(date +%s) - start ))
+	"${KCM}" --version >&2
+	"${SCHEDULER}" --version >&2
 fi

@@ -10,7 +10,9 @@
 #       bin/helm                           (Helm v4: the chart's render tests in
 #                                          cmd/inplaced-installer)
 #       kubelet-v1.37.2/kubelet            (only with INPLACED_WITH_KUBELET=1)
-#       kube-apiserver-v1.37.2/kube-apiserver, kubectl-v1.37.2/kubectl, etcd-v3.6.16/etcd
+#       kube-apiserver-v1.37.2/kube-apiserver, kubectl-v1.37.2/kubectl, etcd-v3.6.16/etcd,
+#       kube-controller-manager-v1.37.2/kube-controller-manager,
+#       kube-scheduler-v1.37.2/kube-scheduler
 #                                          (only with INPLACED_WITH_KUBELET=1:
 #                                          hack/build-control-plane.sh)
 #       gvisor-<pseudo-version>/bin/{runsc,containerd-shim-runsc-v1}
@@ -18,8 +20,7 @@
 #                                          e2e tests; INPLACED_WITH_GVISOR=0 skips it)
 #       bin/h2spec                         (only with INPLACED_WITH_H2SPEC=1:
 #                                          make conformance)
-#       kruise-v1.9.1/{kruise-manager,kruise-daemon,crd/,webhook/},
-#       kube-scheduler-v1.37.2/kube-scheduler
+#       kruise-v1.9.1/{kruise-manager,kruise-daemon,crd/,webhook/}
 #                                          (only with INPLACED_WITH_KUBELET=1:
 #                                          hack/build-openkruise.sh)
 #       k3s-<pseudo-version>/{k3s,kubectl,crictl}

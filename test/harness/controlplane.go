@@ -29,9 +29,9 @@ import (
 // StartControlPlane: etcd and kube-apiserver (built by
 // hack/build-control-plane.sh) on loopback, TLS with a PKI made in Go,
 // --authorization-mode=Node,RBAC and the NodeRestriction admission plugin.
-// There is no scheduler and no controller-manager: pods are bound with
-// spec.nodeName, and the two objects the controller-manager would make for
-// them — ServiceAccount default/default and ConfigMap default/kube-root-ca.crt
+// There is no scheduler and no controller-manager unless StartControllers
+// starts them: pods are bound with spec.nodeName, and the two objects the
+// controller-manager would make for them — ServiceAccount default/default and ConfigMap default/kube-root-ca.crt
 // — are created by StartControlPlane. Nothing evicts pods or marks a Node
 // NotReady when its kubelet stops (no node-lifecycle controller).
 //
@@ -64,6 +64,7 @@ type ControlPlane struct {
 	apiArgs      []string
 	mu           sync.Mutex
 	etcd, apisrv *daemon
+	controllers  *Controllers
 
 	closeOnce sync.Once
 	closeErr  error
@@ -652,12 +653,16 @@ func (cp *ControlPlane) close() error {
 	if cp.tb.Failed() {
 		cp.tb.Logf("kube-apiserver log (last 40 lines):\n%s", cp.APIServerLogTail(40))
 		cp.tb.Logf("etcd log (last 20 lines):\n%s", cp.EtcdLogTail(20))
-		saveArtifacts(cp.tb, "-controlplane-"+filepath.Base(cp.Dir), cp.EtcdLogPath, cp.APIServerLogPath)
+		logs := []string{cp.EtcdLogPath, cp.APIServerLogPath}
+		if c := cp.controllers; c != nil {
+			logs = append(logs, c.ManagerLog, c.SchedulerLog)
+		}
+		saveArtifacts(cp.tb, "-controlplane-"+filepath.Base(cp.Dir), logs...)
 	}
 	cp.mu.Lock()
-	apisrv, etcd := cp.apisrv, cp.etcd
+	apisrv, etcd, controllers := cp.apisrv, cp.etcd, cp.controllers
 	cp.mu.Unlock()
-	var errs []error
+	errs := controllers.stop()
 	if err := apisrv.stop(syscall.SIGTERM, 20*time.Second); err != nil {
 		errs = append(errs, err)
 	}

@@ -6,9 +6,13 @@
 // back on a serial port and is printed here, prefixed "guest| "; a failed
 // guest test fails TestNode.
 //
-// The guest's kubelet is a registered Node of a real control plane (etcd and
-// kube-apiserver v1.37.2, harness.StartControlPlane) that this test starts on
-// the host's loopback for each boot. The guest's only network is QEMU user
+// The guest's kubelet is a registered Node of a real control plane (etcd,
+// kube-apiserver, kube-controller-manager and kube-scheduler v1.37.2,
+// harness.StartControlPlane and StartControllers) that this test starts on
+// the host's loopback for each boot. The fleet suite (TestFleet: the chart's
+// install, upgrade and uninstall, with helm and two image tags in the
+// payload) runs first, on kubelet still on containerd; run.sh installs
+// inplaced by hand for the other suites after it. The guest's only network is QEMU user
 // networking with restrict=on: no route to the host or the outside, except
 // one forward, 10.0.2.100:6443 in the guest to the API server's port, relayed
 // by this test binary itself (TestMain, INPLACED_NODE_FORWARD). The node's and
@@ -134,6 +138,7 @@ func TestNode(t *testing.T) {
 	harness.Require(t, "hack/install-deps.sh tools", fileExists(harness.KubeletPath()) && fileExists(harness.CrictlPath()),
 		"run INPLACED_WITH_KUBELET=1 hack/install-deps.sh")
 	harness.ControlPlanePrerequisites(t)
+	harness.ControllersPrerequisites(t)
 
 	start := time.Now()
 	image := buildImage(t, root)
@@ -145,9 +150,14 @@ func TestNode(t *testing.T) {
 	payload := makePayload(t, root)
 	t.Logf("payload (inplaced, guest suites, install files) in %s", time.Since(start).Round(time.Second))
 	// What each suite must report PASS for: its binary's own list.
-	guestTests := listTests(t, filepath.Join(payload, "bin", "guest.test"), listPattern(runPattern()))
+	guestTests, fleet := splitFleet(listTests(t, filepath.Join(payload, "bin", "guest.test"), listPattern(runPattern())))
 	resourcesTests := listTests(t, filepath.Join(payload, "bin", "resources.test"), resourcesRun)
-	t.Logf("expected to pass in the guest: %s; %s", strings.Join(resourcesTests, " "), strings.Join(guestTests, " "))
+	t.Logf("expected to pass in the guest: %s; %s (fleet suite first: %v)", strings.Join(resourcesTests, " "), strings.Join(guestTests, " "), fleet)
+	if fleet {
+		start = time.Now()
+		fleetPayload(t, root, filepath.Join(payload, "fleet"))
+		t.Logf("fleet payload (helm, the chart, images %v) in %s", fleetTags, time.Since(start).Round(time.Second))
+	}
 
 	logDir := os.Getenv("INPLACED_NODE_LOG_DIR")
 	if logDir == "" {
@@ -165,9 +175,12 @@ func TestNode(t *testing.T) {
 	}
 	for _, b := range backends {
 		t.Run("containerd-"+b, func(t *testing.T) {
-			expect := []expectedSuite{
-				{name: "resources-v2", tests: resourcesTests},
-				{name: "guest-containerd-" + b, tests: guestTests},
+			expect := []expectedSuite{{name: "resources-v2", tests: resourcesTests}}
+			if fleet {
+				expect = append(expect, expectedSuite{name: "fleet-containerd-" + b, tests: []string{fleetTest}})
+			}
+			if len(guestTests) > 0 {
+				expect = append(expect, expectedSuite{name: "guest-containerd-" + b, tests: guestTests})
 			}
 			// A guest whose heartbeat stops has stopped as a whole (the
 			// emulator or its kernel, not a test: a hung test times out
@@ -320,7 +333,9 @@ type suiteResult struct {
 // guest as a whole stopped running, and its suites' silence says nothing
 // about them.
 func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Duration, expect []expectedSuite) (stalled bool) {
-	env := fmt.Sprintf("BACKEND=%s\nRUN='%s'\nRESOURCES_RUN='%s'\nCI='%s'\n", backend, runPattern(), resourcesRun, os.Getenv("CI"))
+	fleet := slices.ContainsFunc(expect, func(e expectedSuite) bool { return strings.HasPrefix(e.name, "fleet-") })
+	env := fmt.Sprintf("BACKEND=%s\nRUN='%s'\nRESOURCES_RUN='%s'\nCI='%s'\nFLEET=%v\nFLEET_SKIP='^%s$'\n",
+		backend, runPattern(), resourcesRun, os.Getenv("CI"), fleet, fleetTest)
 	if err := os.WriteFile(filepath.Join(payload, "env"), []byte(env), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -410,6 +425,13 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 		t.Fatal(err)
 	}
 	t.Logf("control plane for the guest up %s after QEMU's start: the guest reaches %s at %s", time.Since(start).Round(time.Second), cp.URL, guestAPI)
+	// The DaemonSet and the Jobs of the fleet suite are rolled out by the
+	// real controllers; they start while the guest boots.
+	ctl := cp.StartControllers(t)
+	if err := ctl.WaitHealthy(2 * time.Minute); err != nil {
+		t.Fatalf("kube-controller-manager, kube-scheduler: %v\n%s", err, ctl.LogTails(30))
+	}
+	t.Logf("kube-controller-manager and kube-scheduler healthy %s after QEMU's start", time.Since(start).Round(time.Second))
 
 	results := suiteParser{}
 	var done bool
