@@ -330,10 +330,12 @@ func (d *daemon) serveSide(ctx context.Context, side *sync.WaitGroup) {
 	}
 }
 
-// shutDown drains the CRI server (no new calls; the calls in flight run
-// on), stops the side servers, waits for running swaps, all within one
-// grace from SIGTERM, then stops the CRI server. On systemd's socket the
-// calls made meanwhile wait, and Stop sends them to the next process.
+// shutDown drains the CRI server (no new calls on the callers'
+// connections; the calls in flight run on), stops the side servers, waits
+// for running swaps, all within one grace from SIGTERM, then stops the CRI
+// server. On systemd's socket the connections made meanwhile are served
+// until the swaps are settled; then the handover leaves the socket to the
+// next process and ends them as the drain ended the others.
 func (d *daemon) shutDown(srv *relay.Server, fromSystemd bool, stopSide func()) {
 	grace := d.cfg.ShutdownGrace.D()
 	d.log.Info("shutting down: no new calls; the calls and swaps in flight have the grace", zap.Duration("shutdown_grace", grace))
@@ -353,6 +355,9 @@ func (d *daemon) shutDown(srv *relay.Server, fromSystemd bool, stopSide func()) 
 	drained := time.Since(start)
 	stopSide()
 	waitSwaps(ctx, d.engine, d.log)
+	if err := srv.Handover(ctx); err != nil {
+		d.log.Warn("calls made during the drain still running at the shutdown grace were cut: their callers retry, on the next process", zap.Duration("shutdown_grace", grace))
+	}
 	srv.Stop()
 	d.log.Info("shut down", zap.Duration("calls_drained_in", drained), zap.Duration("took", time.Since(start)))
 }

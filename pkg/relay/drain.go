@@ -21,31 +21,40 @@ import (
 // listen backlog, and the next process accepts it. What is left to do is
 // to hand the callers over without failing a call:
 //
-//  1. Connections that arrive from now on are held here (handoff, parked):
-//     the caller gets our SETTINGS, so its connection is up and its calls
-//     wait as streams rather than as a connection attempt — grpc-go gives a
-//     connection attempt MinConnectTimeout, kubelet's is 5 s
-//     (k8s.io/cri-client), shorter than a grace plus a restart; a call's
-//     own deadline is kubelet's 2 minutes.
-//  2. Every caller connection is told to open no new stream, in two steps
+//  1. Every caller connection is told to open no new stream, in two steps
 //     as grpc-go's server does it: GOAWAY with the largest stream ID and a
 //     PING, then, once the PING comes back (every stream the caller opened
 //     before it read the first GOAWAY has arrived), GOAWAY with the last
-//     stream ID. No stream is refused, so no call spends here the one
-//     transparent retry grpc-go gives a call the server did not process:
-//     step 4 needs it.
+//     stream ID. No stream is refused.
+//  2. Connections that arrive meanwhile are served (late sessions): a call
+//     whose first attempt met the first GOAWAY as it left has spent the one
+//     transparent retry grpc-go allows a call the server did not process,
+//     and its retry comes on such a connection; it must be answered, not
+//     refused. Nor can a connection be left unanswered: grpc-go gives a
+//     connection attempt MinConnectTimeout, kubelet's 5 s
+//     (k8s.io/cri-client), and a call without wait-for-ready fails with the
+//     attempt.
 //  3. GetContainerEvents streams end at once (Unavailable; kubelet opens
 //     the stream again). Every other call in flight, the streaming lists
 //     included, runs on until it ends or ctx does; then it is cut.
-//  4. Stop (after the daemon has settled its swaps) closes our copy of the
-//     listening socket and tells each held connection to go away with last
-//     stream 0: none of its calls was processed, so grpc-go retries each, as
-//     the first retry it is allowed, on a new connection — which waits in
-//     the backlog of systemd's socket for the next process.
+//  4. Handover (after the daemon has settled its swaps) closes our copy of
+//     the listening socket — what comes now waits in the backlog of
+//     systemd's socket for the next process — and ends the late sessions
+//     as step 1 ended the others. A call that meets their first GOAWAY
+//     retries on a new connection, into that backlog: its first retry,
+//     since its first attempt went to a connection of before the drain
+//     began (step 2) only if it met that one's first GOAWAY, tens of
+//     milliseconds earlier.
 //
 // Without systemd the socket is this process's own and goes with it:
 // nothing would answer what waited, so the drain closes it at once (Refuse)
 // and new connections are refused, as before there was a next process.
+//
+// With every connection grpc-go's server's own (WithGRPCServer), its
+// GracefulStop does step 1 and cannot serve a connection that comes after:
+// those are held here (parkedConn), their streams unanswered, and sent to
+// the next process with GOAWAY last stream 0 at Stop — which fails a call
+// whose transparent retry was spent (step 2), the router's one advantage.
 
 // endless are the streaming methods whose calls never end by themselves: a
 // drain ends them at once rather than wait the whole grace for them.
@@ -74,9 +83,19 @@ var drainPing = [8]byte{'i', 'n', 'p', 'l', 'a', 'c', 'e', 'd'}
 
 // drainState is the server's part in a drain, guarded by Server.mu.
 type drainState struct {
-	draining bool
-	handoffs []*handoff
-	told     map[*session]bool // sessions sent the first GOAWAY
+	draining    bool
+	mode        DrainMode
+	handingOver bool // Handover began: the listeners are closed
+	handoffs    []*handoff
+	told        map[*session]bool // sessions sent the first GOAWAY
+	late        map[*session]bool // accepted during a HandOff drain: served until Handover
+	loops       sync.WaitGroup    // Serve's accept loops on the router
+}
+
+// servesLate says whether a connection accepted now is served, as a late
+// session: during a HandOff drain on the router, up to the end of Handover.
+func (d *drainState) servesLate(grpcAll bool) bool {
+	return d.draining && d.mode == HandOff && !grpcAll
 }
 
 // DrainMode is what a drain does with the connections that arrive during
@@ -99,11 +118,12 @@ const (
 // steps above).
 func (s *Server) Drain(ctx context.Context, mode DrainMode) error {
 	s.mu.Lock()
-	s.drain.draining = true
+	s.drain.draining, s.drain.mode = true, mode
 	for _, h := range s.drain.handoffs {
-		if mode == Refuse {
+		switch {
+		case mode == Refuse:
 			h.refuse()
-		} else {
+		case s.r.grpcAll:
 			h.park()
 		}
 	}
@@ -112,14 +132,53 @@ func (s *Server) Drain(ctx context.Context, mode DrainMode) error {
 	if s.r.grpcAll {
 		return s.drainInner(ctx)
 	}
+	return s.goAwayUntilGone(ctx, false)
+}
+
+// Handover ends a HandOff drain on the router, once the daemon is done
+// with its callers (step 4): it closes this process's copy of the socket,
+// then tells the late sessions to go away and lets their calls end until
+// ctx does; it then cuts what still runs and returns ctx's error.
+func (s *Server) Handover(ctx context.Context) error {
+	s.mu.Lock()
+	if !s.drain.servesLate(s.r.grpcAll) || s.drain.handingOver {
+		s.mu.Unlock()
+		return nil
+	}
+	s.drain.handingOver = true
+	hs := s.drain.handoffs
+	s.mu.Unlock()
+	// Every connection accepted before the listener closed becomes a late
+	// session before the sessions are counted: the accept goroutines and
+	// Serve's loops end first.
+	for _, h := range hs {
+		h.release()
+		<-h.ended
+	}
+	s.drain.loops.Wait()
+	s.mu.Lock()
+	n := len(s.drain.late)
+	s.mu.Unlock()
+	if n > 0 {
+		s.r.log.Info("socket left to the next process; connections made during the drain told to go away", zap.Int("connections", n))
+	}
+	return s.goAwayUntilGone(ctx, true)
+}
+
+// goAwayUntilGone tells the sessions, the late ones or the others, to go
+// away until they have, or ctx ends: then it closes them and returns ctx's
+// error.
+func (s *Server) goAwayUntilGone(ctx context.Context, late bool) error {
 	t := time.NewTicker(drainTick)
 	defer t.Stop()
-	for s.goAwayAll() > 0 {
+	for s.goAwayAll(late) > 0 {
 		select {
 		case <-ctx.Done():
 			s.mu.Lock()
 			for sess := range s.sessions {
-				sess.closeAsync()
+				if s.drain.late[sess] == late {
+					sess.closeAsync()
+				}
 			}
 			s.mu.Unlock()
 			return ctx.Err()
@@ -148,27 +207,37 @@ func (s *Server) drainInner(ctx context.Context) error {
 	}
 }
 
-// goAwayAll tells the caller connections not told yet to open no new
-// stream, and says how many are still open.
-func (s *Server) goAwayAll() int {
+// goAwayAll tells the caller connections, the late ones or the others,
+// not told yet to open no new stream, and says how many are still open.
+// The endless streams of late sessions end as Relay.Drain ended the
+// others' (drainStreams).
+func (s *Server) goAwayAll(late bool) int {
+	if late {
+		s.drainStreams()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.drain.told == nil {
 		s.drain.told = map[*session]bool{}
 	}
+	open := 0
 	for sess := range s.sessions {
+		if s.drain.late[sess] != late {
+			continue
+		}
+		open++
 		if !s.drain.told[sess] && sess.drainSoon() {
 			s.drain.told[sess] = true
 		}
 	}
-	return len(s.sessions)
+	return open
 }
 
 // handoff wraps a listener Serve is given.
 func (s *Server) handoff(lis net.Listener) net.Listener {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h := newHandoff(lis, s.r.ioTimeout, s.r.log)
+	h := newHandoff(lis, s.r.ioTimeout, s.r.log, s.lateSession)
 	if s.drain.draining {
 		h.refuse() // Serve after Drain began: nothing to hand over
 	}
@@ -232,7 +301,9 @@ type handoff struct {
 	errs    chan error
 	quit    chan struct{} // closed by Close and release: Accept returns
 	quitted sync.Once
-	timeout time.Duration // the caller's preface
+	ended   chan struct{}       // closed when the accept goroutine returns
+	late    func(net.Conn) bool // serves a connection in hand as Accept stops, if the drain does
+	timeout time.Duration       // the caller's preface
 	log     *zap.Logger
 
 	mu       sync.Mutex
@@ -242,14 +313,15 @@ type handoff struct {
 	parked   map[*parkedConn]bool
 }
 
-func newHandoff(l net.Listener, timeout time.Duration, log *zap.Logger) *handoff {
+func newHandoff(l net.Listener, timeout time.Duration, log *zap.Logger, late func(net.Conn) bool) *handoff {
 	h := &handoff{l: l, conns: make(chan net.Conn), errs: make(chan error), quit: make(chan struct{}),
-		timeout: timeout, log: log, parked: map[*parkedConn]bool{}}
+		ended: make(chan struct{}), late: late, timeout: timeout, log: log, parked: map[*parkedConn]bool{}}
 	go h.accept()
 	return h
 }
 
 func (h *handoff) accept() {
+	defer close(h.ended)
 	for {
 		c, err := h.l.Accept()
 		if err != nil {
@@ -272,7 +344,7 @@ func (h *handoff) accept() {
 		select {
 		case h.conns <- c:
 		case <-h.quit:
-			if !h.hold(c) {
+			if !h.late(c) && !h.hold(c) {
 				c.Close()
 			}
 		}
@@ -458,11 +530,24 @@ func (p *parkedConn) flushLocked() {
 	_ = p.bw.Flush()
 }
 
-// lateConn is a connection accepted as the server stops or drains: held
-// for the next process while the drain holds connections, else closed.
+// lateConn is a connection accepted as the server stops or drains, and not
+// served: held for the next process while grpc-go's server's drain holds
+// connections, else closed.
 func (s *Server) lateConn(lis net.Listener, c net.Conn) {
 	if h, ok := lis.(*handoff); ok && h.hold(c) {
 		return
 	}
 	c.Close()
+}
+
+// lateSession serves c as a late session, if the drain serves them, and
+// says whether it did.
+func (s *Server) lateSession(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping || !s.drain.servesLate(s.r.grpcAll) {
+		return false
+	}
+	s.startSessionLocked(c)
+	return true
 }

@@ -162,12 +162,14 @@ func (s *Server) Serve(lis net.Listener) error {
 		return grpc.ErrServerStopped
 	}
 	s.listeners[lis] = true
+	s.drain.loops.Add(1)
 	s.mu.Unlock()
+	defer s.drain.loops.Done()
 	for {
 		c, err := lis.Accept()
 		if err != nil {
 			s.mu.Lock()
-			stopping := s.stopping
+			stopping := s.stopping || s.drain.handingOver
 			delete(s.listeners, lis)
 			s.mu.Unlock()
 			if stopping {
@@ -181,17 +183,29 @@ func (s *Server) Serve(lis net.Listener) error {
 			return err
 		}
 		s.mu.Lock()
-		if s.stopping || s.drain.draining {
+		if s.stopping || s.drain.draining && !s.drain.servesLate(s.r.grpcAll) {
 			s.mu.Unlock()
 			s.lateConn(lis, c)
 			continue
 		}
-		sess := newSession(s, c)
-		s.sessions[sess] = true
-		s.wg.Add(1)
+		s.startSessionLocked(c)
 		s.mu.Unlock()
-		go sess.serve()
 	}
+}
+
+// startSessionLocked serves c; one that comes during a drain is a late
+// session (drain.go).
+func (s *Server) startSessionLocked(c net.Conn) {
+	sess := newSession(s, c)
+	s.sessions[sess] = true
+	if s.drain.draining {
+		if s.drain.late == nil {
+			s.drain.late = map[*session]bool{}
+		}
+		s.drain.late[sess] = true
+	}
+	s.wg.Add(1)
+	go sess.serve()
 }
 
 // stop stops accepting and ends every session with end (GracefulStop's
@@ -251,6 +265,7 @@ func (s *Server) drainStreams() {
 func (s *Server) sessionDone(sess *session) {
 	s.mu.Lock()
 	delete(s.sessions, sess)
+	delete(s.drain.late, sess)
 	s.mu.Unlock()
 	s.wg.Done()
 }

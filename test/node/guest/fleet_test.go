@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -204,36 +202,15 @@ func (f *fleet) install(t *testing.T) {
 	f.nodeStayedReady(t, ready, "install")
 }
 
-// drainRaceMax bounds the calls the drain's known race may fail in one
-// upgrade (docs/upgrade.md, "Not held in every run"): a call whose first
-// attempt met the old connection's first GOAWAY has spent grpc-go's one
-// transparent retry, and fails when the connection it retried on, accepted
-// during the drain, is told to go away. Seen once in five runs, 2 calls.
-// Until the drain serves such a connection's streams instead, the race is
-// logged and counted; any other failure, or more of these, fails the test.
-const drainRaceMax = 4
-
-// judgeUpgradeCalls fails t for a CRI call that failed during the upgrade,
-// but for the drain's known race (drainRaceMax).
+// judgeUpgradeCalls fails t for every CRI call that failed during the
+// upgrade.
 func judgeUpgradeCalls(t *testing.T, calls []harness.CRICall) {
 	t.Helper()
-	var race []string
 	for _, c := range calls {
-		if c.Err == nil {
-			continue
+		if c.Err != nil {
+			t.Errorf("a CRI call through inplaced failed during the upgrade: %s at %s (took %s): %v",
+				c.Method, c.At.Format("15:04:05.000"), c.Took.Round(time.Millisecond), c.Err)
 		}
-		line := fmt.Sprintf("%s at %s (took %s): %v", c.Method, c.At.Format("15:04:05.000"), c.Took.Round(time.Millisecond), c.Err)
-		if status.Code(c.Err) == codes.Unavailable && strings.Contains(c.Err.Error(), "the connection is draining") {
-			race = append(race, line)
-			continue
-		}
-		t.Errorf("a CRI call through inplaced failed during the upgrade: %s", line)
-	}
-	if len(race) > 0 {
-		t.Logf("fleet: upgrade: %d calls failed by the drain's known race (docs/upgrade.md): %v", len(race), race)
-	}
-	if len(race) > drainRaceMax {
-		t.Errorf("%d calls failed with the connection draining during the upgrade, more than the known race's %d", len(race), drainRaceMax)
 	}
 }
 
