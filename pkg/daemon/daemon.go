@@ -330,6 +330,20 @@ func (d *daemon) serveSide(ctx context.Context, side *sync.WaitGroup) {
 	}
 }
 
+// handoverMin is the least time the calls on connections made during the
+// drain get to end at the handover (short CRI calls: a list, a status).
+const handoverMin = 2 * time.Second
+
+// handoverContext is the handover's time: what is left of the grace, and
+// at least handoverMin.
+func handoverContext(grace context.Context) (context.Context, context.CancelFunc) {
+	left := handoverMin
+	if deadline, ok := grace.Deadline(); ok {
+		left = max(time.Until(deadline), handoverMin)
+	}
+	return context.WithTimeout(context.Background(), left)
+}
+
 // shutDown drains the CRI server (no new calls on the callers'
 // connections; the calls in flight run on), stops the side servers, waits
 // for running swaps, all within one grace from SIGTERM, then stops the CRI
@@ -355,7 +369,12 @@ func (d *daemon) shutDown(srv *relay.Server, fromSystemd bool, stopSide func()) 
 	drained := time.Since(start)
 	stopSide()
 	waitSwaps(ctx, d.engine, d.log)
-	if err := srv.Handover(ctx); err != nil {
+	// The connections made during the drain carry kubelet's calls of the
+	// last moments, not the ones the grace was for: they get at least
+	// handoverMin, even when a swap took the whole grace.
+	hctx, hcancel := handoverContext(ctx)
+	defer hcancel()
+	if err := srv.Handover(hctx); err != nil {
 		d.log.Warn("calls made during the drain still running at the shutdown grace were cut: their callers retry, on the next process", zap.Duration("shutdown_grace", grace))
 	}
 	srv.Stop()

@@ -40,11 +40,12 @@ var fleetTags = [2]string{"fleet-v1", "fleet-v2"}
 // this suite before it installs inplaced by hand), 20 pods running and a
 // client polling one of them; `helm install` of deploy/helm/inplaced with
 // the image from the guest's registry, rolled out by the real DaemonSet
-// controller and scheduler; an upgrade to another tag under a CRI client
-// (Version and ListContainers, 50 times a second each, through inplaced's
-// socket); `kill -9` of inplaced under the same client; `helm uninstall`.
-// Each step: no container restarted (same IDs, same restart counts), no
-// failed request of the polling client; the figures are logged ("fleet:"
+// controller and scheduler; `kubectl set image` in place on another pod;
+// an upgrade to another tag under a CRI client (Version and ListContainers,
+// 50 times a second each, through inplaced's socket) with a swap in
+// flight; `kill -9` of inplaced under the same client; `helm uninstall`.
+// Each step: no container restarted but the swapped pod's (same IDs, same
+// restart counts), no failed request of the polling client; the figures are logged ("fleet:"
 // lines) for docs/upgrade.md and docs/reliability.md.
 func TestFleet(t *testing.T) {
 	f := newFleet(t)
@@ -53,7 +54,7 @@ func TestFleet(t *testing.T) {
 	steps := []struct {
 		name string
 		run  func(*testing.T)
-	}{{"install", f.install}, {"upgrade", f.upgrade}, {"kill", f.kill}, {"uninstall", f.uninstall}}
+	}{{"install", f.install}, {"set image", f.setImage}, {"upgrade", f.upgrade}, {"kill", f.kill}, {"uninstall", f.uninstall}}
 	// A failed upgrade or kill leaves inplaced installed: the later steps
 	// still run and give their figures. Without an install there is
 	// nothing to upgrade, kill or remove.
@@ -116,13 +117,13 @@ func newFleet(t *testing.T) *fleet {
 	return f
 }
 
-// startPods creates fleetPods pods through the API, bound to the node: one
-// serving HTTP (the one polled), the others sleeping, and waits until all
-// run.
+// startPods creates fleetPods pods through the API, bound to the node: two
+// serving HTTP (the one polled, and fleetSwapPod), the others sleeping, and
+// waits until all run.
 func (f *fleet) startPods() {
 	t := f.t
-	pods := []pod{{name: f.app, image: imgApp1, readinessHTTP: 8080}}
-	for i := 1; i < fleetPods; i++ {
+	pods := []pod{{name: f.app, image: imgApp1, readinessHTTP: 8080}, {name: fleetSwapPod, image: imgApp1, readinessHTTP: 8080}}
+	for i := 2; i < fleetPods; i++ {
 		pods = append(pods, pod{name: fmt.Sprintf("fleet-%02d", i), image: imgBusybox, command: []string{"sleep", "86400"}})
 	}
 	start := time.Now()
@@ -219,6 +220,7 @@ func judgeUpgradeCalls(t *testing.T, calls []harness.CRICall) {
 func (f *fleet) upgrade(t *testing.T) {
 	kubeletPID, inplacedPID := mainPID(t, "kubelet"), mainPID(t, "inplaced")
 	_, ready := nodeReadyCondition(t, f.cs)
+	swap := f.startInflight(t)
 	load := harness.StartCRILoad(t, proxySocket, criPerSecond)
 	time.Sleep(2 * time.Second)
 	start := time.Now()
@@ -235,6 +237,8 @@ func (f *fleet) upgrade(t *testing.T) {
 	if pid := mainPID(t, "inplaced"); pid == inplacedPID || pid == 0 {
 		t.Errorf("inplaced's main pid %d (was %d): the upgrade did not restart it", pid, inplacedPID)
 	}
+	swap.judge(t, f, restartedAt(t, "inplaced"))
+	logRestart(t, start)
 	if pid := mainPID(t, "kubelet"); pid != kubeletPID {
 		t.Errorf("kubelet's pid %d, was %d: the upgrade restarted kubelet", pid, kubeletPID)
 	}

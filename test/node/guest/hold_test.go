@@ -107,14 +107,19 @@ func TestHoldShapes(t *testing.T) {
 	})
 }
 
-// holdSwapRecord is what the hold's guest tests read of a swap record
-// (inplacectl -o json).
+// holdSwapRecord is what the guest tests read of a swap record
+// (inplacectl -o json): the hold's, the fleet's.
 type holdSwapRecord struct {
-	ID    string `json:"id"`
-	Kind  string `json:"kind"`
-	State string `json:"state"`
-	Error string `json:"error"`
-	Pod   string `json:"pod"`
+	ID                 string `json:"id"`
+	Kind               string `json:"kind"`
+	State              string `json:"state"`
+	Error              string `json:"error"`
+	Pod                string `json:"pod"`
+	OldContainerID     string `json:"old_container_id"`
+	RunningContainerID string `json:"running_container_id"`
+	Steps              []struct {
+		Name string `json:"name"`
+	} `json:"steps"`
 	Hold  struct {
 		Mode       string   `json:"mode"`
 		Why        string   `json:"why"`
