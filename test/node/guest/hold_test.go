@@ -120,7 +120,7 @@ type holdSwapRecord struct {
 	Steps              []struct {
 		Name string `json:"name"`
 	} `json:"steps"`
-	Hold  struct {
+	Hold struct {
 		Mode       string   `json:"mode"`
 		Why        string   `json:"why"`
 		Ports      []uint32 `json:"ports"`
