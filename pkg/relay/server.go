@@ -156,7 +156,7 @@ func (s *Server) Serve(lis net.Listener) error {
 		return s.inner.Serve(lis)
 	}
 	s.mu.Lock()
-	if s.stopping {
+	if s.stopping || s.drain.handingOver { // (Handover waits for the loops)
 		s.mu.Unlock()
 		lis.Close()
 		return grpc.ErrServerStopped
