@@ -86,10 +86,13 @@ func TestAttribute(t *testing.T) {
 		{At: t0.Add(3 * time.Second), Code: "Unknown", Message: BackendStarting},             // containerd initialising: allowed
 		{At: t0.Add(90 * time.Second), Code: "Unknown", Message: BackendStarting},            // but not with the backend up
 		{At: t0.Add(3 * time.Second), Code: "Unknown", Message: "server is not initialized"}, // another message
+		{At: t0.Add(5 * time.Second), Took: 5 * time.Second, Code: "DeadlineExceeded"},       // sent as the backend went down: allowed
+		{At: t0.Add(5 * time.Second), Took: 6 * time.Second, Code: "DeadlineExceeded"},       // sent before it went down
+		{At: t0.Add(65 * time.Second), Took: time.Second, Code: "DeadlineExceeded"},          // the API server was down, not the backend
 	}
 	fault, allowed := Attribute(fails, ws, 2*time.Second)
-	wantFault := []int{0, 0, 0, 1, -1, -1, 0, 1, 0}
-	wantAllowed := []bool{true, true, false, false, false, false, true, false, false}
+	wantFault := []int{0, 0, 0, 1, -1, -1, 0, 1, 0, 0, 0, 1}
+	wantAllowed := []bool{true, true, false, false, false, false, true, false, false, true, false, false}
 	for i := range fails {
 		if fault[i] != wantFault[i] || allowed[i] != wantAllowed[i] {
 			t.Errorf("failure %d: fault %d allowed %v, want %d %v", i, fault[i], allowed[i], wantFault[i], wantAllowed[i])

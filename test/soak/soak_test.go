@@ -700,6 +700,7 @@ func (r *run) probe(conn *grpc.ClientConn) {
 	for _, m := range []string{"Version", "ListPodSandbox"} {
 		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		var err error
+		sent := time.Now()
 		if m == "Version" {
 			_, err = rt.Version(c, &runtimeapi.VersionRequest{})
 		} else {
@@ -709,7 +710,7 @@ func (r *run) probe(conn *grpc.ClientConn) {
 		r.mu.Lock()
 		r.probeCalls++
 		if err != nil {
-			r.probeFails = append(r.probeFails, CallFailure{At: time.Now(), Method: m, Code: status.Code(err).String(), Message: status.Convert(err).Message()})
+			r.probeFails = append(r.probeFails, CallFailure{At: time.Now(), Took: time.Since(sent), Method: m, Code: status.Code(err).String(), Message: status.Convert(err).Message()})
 		}
 		r.mu.Unlock()
 	}
@@ -1306,7 +1307,7 @@ func (r *run) finish() {
 				where = "during " + string(r.faults[fault[i]].Kind)
 			}
 			if r.once(fmt.Sprintf("cri %d", i)) {
-				r.violate(invCRI, "%s %s %q at %s (%s)", f.Method, f.Code, f.Message, r.since(f.At), where)
+				r.violate(invCRI, "%s %s %q at %s after %s (%s)", f.Method, f.Code, f.Message, r.since(f.At), f.Took.Round(time.Millisecond), where)
 			}
 		}
 	}
