@@ -42,12 +42,16 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, c *harness.Containerd), 
 // forFirstBackend is forEachBackend on the first backend only, for what is
 // inplaced's own behaviour (firstBackend).
 func forFirstBackend(t *testing.T, fn func(t *testing.T, c *harness.Containerd), opts ...harness.Option) {
-	backends := harness.BackendsFromEnv()
+	forBackends(t, firstBackendOnly(t, harness.BackendsFromEnv()), fn, opts...)
+}
+
+// firstBackendOnly is backends cut to the first, saying so when it cuts.
+func firstBackendOnly(t *testing.T, backends []harness.Backend) []harness.Backend {
 	if len(backends) > 1 {
 		t.Logf("inplaced's own behaviour, the same on every containerd: runs on %s only", backends[0])
 		backends = backends[:1]
 	}
-	forBackends(t, backends, fn, opts...)
+	return backends
 }
 
 func forBackends(t *testing.T, backends []harness.Backend, fn func(t *testing.T, c *harness.Containerd), opts ...harness.Option) {
