@@ -123,7 +123,7 @@ test-e2e: build
 # README says. The image is built once by hack/vm/build-image.sh and cached
 # under $(INPLACED_VM_CACHE).
 # The guest's output and console stay in _output/node-*.log.
-NODE_TIMEOUT ?= 45m
+NODE_TIMEOUT ?= 70m
 NODE_BACKENDS ?= 2.4 1.6
 test-node: build
 	INPLACED_WITH_KUBELET=1 hack/install-deps.sh --no-apt

@@ -180,9 +180,13 @@ func StartK3sServer(tb testing.TB, b Backend, reg *Registry) *K3sServer {
 
 // apiReady makes the admin client once k3s has written its kubeconfig, and
 // asks the API server's /readyz.
-func (s *K3sServer) apiReady() error {
-	if s.Admin == nil {
-		rc, err := clientcmd.BuildConfigFromFlags("", s.AdminKubeconfig)
+func (s *K3sServer) apiReady() error { return k3sAPIReady(&s.Admin, s.AdminKubeconfig) }
+
+// k3sAPIReady makes *admin from kubeconfig once k3s has written it, and asks
+// the API server's /readyz.
+func k3sAPIReady(admin *kubernetes.Interface, kubeconfig string) error {
+	if *admin == nil {
+		rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 		if err != nil {
 			return err
 		}
@@ -190,11 +194,11 @@ func (s *K3sServer) apiReady() error {
 		if err != nil {
 			return err
 		}
-		s.Admin = cs
+		*admin = cs
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	body, err := s.Admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	body, err := (*admin).Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 	if err != nil {
 		return fmt.Errorf("readyz: %w: %s", err, body)
 	}
@@ -481,6 +485,9 @@ func (n *K3sNode) Leftovers() []string {
 	out = append(out, machineLeftovers()...)
 	return append(out, k3sMachineLeftovers()...)
 }
+
+// FreePortPair is freePortPair, for k3s servers started elsewhere.
+func FreePortPair() (int, error) { return freePortPair() }
 
 // freePortPair returns a port p such that p and p+1 are both free on
 // 127.0.0.1 (k3s's supervisor and API server; an agent's two load

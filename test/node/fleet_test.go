@@ -13,8 +13,14 @@ import (
 
 // fleetTest is the guest suite that installs inplaced with the chart on a
 // node whose kubelet is still on containerd: run.sh runs it on its own,
-// before it installs inplaced by hand for the other suites.
-const fleetTest = "TestFleet"
+// before it installs inplaced by hand for the other suites. fleetK3sTest
+// does the same on a k3s agent node: run.sh runs it after fleetTest, with
+// kubelet.service stopped and k3s-agent.service joined to the k3s server
+// this test runs (k3sControlPlane).
+const (
+	fleetTest    = "TestFleet"
+	fleetK3sTest = "TestFleetK3s"
+)
 
 // fleetTags are the two versions of inplaced's image the guest's registry
 // serves: the chart installs the first and upgrades to the second. Their
@@ -22,11 +28,23 @@ const fleetTest = "TestFleet"
 // inplaced's binary and restarts it.
 var fleetTags = []string{"fleet-v1", "fleet-v2"}
 
-// splitFleet takes the fleet suite out of the guest tests listed: it runs
-// as a suite of its own. fleet says whether it was listed.
-func splitFleet(tests []string) (rest []string, fleet bool) {
-	rest = slices.DeleteFunc(slices.Clone(tests), func(s string) bool { return s == fleetTest })
-	return rest, len(rest) != len(tests)
+// splitFleet takes the fleet suites out of the guest tests listed: each
+// runs as a suite of its own. fleet and k3s say which were listed.
+func splitFleet(tests []string) (rest []string, fleet, k3s bool) {
+	fleet, k3s = slices.Contains(tests, fleetTest), slices.Contains(tests, fleetK3sTest)
+	rest = slices.DeleteFunc(slices.Clone(tests), func(s string) bool { return s == fleetTest || s == fleetK3sTest })
+	return rest, fleet, k3s
+}
+
+// k3sPayload puts k3s (hack/build-k3s.sh's build) in dir for the guest's
+// k3s-agent.service.
+func k3sPayload(t *testing.T, dir string) {
+	t.Helper()
+	harness.Require(t, "k3s "+harness.K3sVersion, fileExists(harness.K3sPath()), harness.K3sPath()+" not found; run hack/build-k3s.sh")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, harness.K3sPath(), filepath.Join(dir, "k3s"))
 }
 
 // fleetPayload puts in dir what the fleet suite needs in the guest: helm

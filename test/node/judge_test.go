@@ -113,3 +113,23 @@ func TestHeartbeatWatch(t *testing.T) {
 		t.Fatal("not stalled after the file stopped growing for longer than stallAfter")
 	}
 }
+
+// TestSplitFleet: the fleet suites come out of the listed guest tests, each
+// reported apart; the others stay in their order.
+func TestSplitFleet(t *testing.T) {
+	for _, c := range []struct {
+		in         []string
+		rest       []string
+		fleet, k3s bool
+	}{
+		{[]string{"TestBackend", "TestFleet", "TestFleetK3s", "TestSwap"}, []string{"TestBackend", "TestSwap"}, true, true},
+		{[]string{"TestFleetK3s"}, []string{}, false, true},
+		{[]string{"TestFleet", "TestUnit"}, []string{"TestUnit"}, true, false},
+		{[]string{"TestUnit"}, []string{"TestUnit"}, false, false},
+	} {
+		rest, fleet, k3s := splitFleet(c.in)
+		if fmt.Sprint(rest) != fmt.Sprint(c.rest) || fleet != c.fleet || k3s != c.k3s {
+			t.Errorf("splitFleet(%v) = %v %v %v, want %v %v %v", c.in, rest, fleet, k3s, c.rest, c.fleet, c.k3s)
+		}
+	}
+}

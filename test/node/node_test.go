@@ -33,7 +33,7 @@
 // Environment: INPLACED_NODE_BACKENDS (default "2.4 1.6": one boot each),
 // INPLACED_NODE_RUN (a -test.run pattern for the guest suites),
 // INPLACED_NODE_LOG_DIR (where the guest's output and console are kept;
-// default a temp dir), INPLACED_NODE_TIMEOUT (per boot, default 20m).
+// default a temp dir), INPLACED_NODE_TIMEOUT (per boot, default 30m).
 package node
 
 import (
@@ -63,6 +63,9 @@ const (
 	// guestAPI is where the guest reaches the API server: QEMU's user
 	// network forwards it (guestfwd) to a relay on the host.
 	guestAPI = "10.0.2.100:6443"
+	// guestK3s is where the guest reaches the k3s server of the k3s fleet
+	// suite, at the port the server listens on here.
+	guestK3s = "10.0.2.100"
 	// apiServerName is a DNS SAN of the API server's serving certificate
 	// (harness.StartControlPlane), the kubeconfigs' tls-server-name: the
 	// guest dials an address the certificate does not name.
@@ -150,20 +153,23 @@ func TestNode(t *testing.T) {
 	payload := makePayload(t, root)
 	t.Logf("payload (inplaced, guest suites, install files) in %s", time.Since(start).Round(time.Second))
 	// What each suite must report PASS for: its binary's own list.
-	guestTests, fleet := splitFleet(listTests(t, filepath.Join(payload, "bin", "guest.test"), listPattern(runPattern())))
+	guestTests, fleet, k3s := splitFleet(listTests(t, filepath.Join(payload, "bin", "guest.test"), listPattern(runPattern())))
 	resourcesTests := listTests(t, filepath.Join(payload, "bin", "resources.test"), resourcesRun)
-	t.Logf("expected to pass in the guest: %s; %s (fleet suite first: %v)", strings.Join(resourcesTests, " "), strings.Join(guestTests, " "), fleet)
-	if fleet {
+	t.Logf("expected to pass in the guest: %s; %s (fleet suites first: kubeadm %v, k3s %v)", strings.Join(resourcesTests, " "), strings.Join(guestTests, " "), fleet, k3s)
+	if fleet || k3s {
 		start = time.Now()
 		fleetPayload(t, root, filepath.Join(payload, "fleet"))
 		t.Logf("fleet payload (helm, the chart, images %v) in %s", fleetTags, time.Since(start).Round(time.Second))
+	}
+	if k3s {
+		k3sPayload(t, filepath.Join(payload, "k3s"))
 	}
 
 	logDir := os.Getenv("INPLACED_NODE_LOG_DIR")
 	if logDir == "" {
 		logDir = t.TempDir()
 	}
-	timeout := 20 * time.Minute
+	timeout := 30 * time.Minute
 	if s := os.Getenv("INPLACED_NODE_TIMEOUT"); s != "" {
 		if timeout, err = time.ParseDuration(s); err != nil {
 			t.Fatalf("INPLACED_NODE_TIMEOUT: %v", err)
@@ -178,6 +184,9 @@ func TestNode(t *testing.T) {
 			expect := []expectedSuite{{name: "resources-v2", tests: resourcesTests}}
 			if fleet {
 				expect = append(expect, expectedSuite{name: "fleet-containerd-" + b, tests: []string{fleetTest}})
+			}
+			if k3s {
+				expect = append(expect, expectedSuite{name: "fleet-k3s-containerd-" + b, tests: []string{fleetK3sTest}})
 			}
 			if len(guestTests) > 0 {
 				expect = append(expect, expectedSuite{name: "guest-containerd-" + b, tests: guestTests})
@@ -333,9 +342,10 @@ type suiteResult struct {
 // guest as a whole stopped running, and its suites' silence says nothing
 // about them.
 func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Duration, expect []expectedSuite) (stalled bool) {
-	fleet := slices.ContainsFunc(expect, func(e expectedSuite) bool { return strings.HasPrefix(e.name, "fleet-") })
-	env := fmt.Sprintf("BACKEND=%s\nRUN='%s'\nRESOURCES_RUN='%s'\nCI='%s'\nFLEET=%v\nFLEET_SKIP='^%s$'\n",
-		backend, runPattern(), resourcesRun, os.Getenv("CI"), fleet, fleetTest)
+	fleet := slices.ContainsFunc(expect, func(e expectedSuite) bool { return strings.HasPrefix(e.name, "fleet-containerd-") })
+	k3s := slices.ContainsFunc(expect, func(e expectedSuite) bool { return strings.HasPrefix(e.name, "fleet-k3s-") })
+	env := fmt.Sprintf("BACKEND=%s\nRUN='%s'\nRESOURCES_RUN='%s'\nCI='%s'\nFLEET=%v\nFLEET_RUN='^%s$'\nK3S=%v\nK3S_RUN='^%s$'\nFLEET_SKIP='^(%s|%s)$'\n",
+		backend, runPattern(), resourcesRun, os.Getenv("CI"), fleet, fleetTest, k3s, fleetK3sTest, fleetTest, fleetK3sTest)
 	if err := os.WriteFile(filepath.Join(payload, "env"), []byte(env), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -367,6 +377,17 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 	}
 	fwdFile := filepath.Join(t.TempDir(), "apiserver")
 	netdev := "user,id=net0,restrict=on,guestfwd=tcp:" + guestAPI + "-cmd:" + strings.ReplaceAll(shellQuote(self), ",", ",,")
+	// The k3s agent's way to its server: guestK3s:port, the same port on
+	// both sides (the server advertises it to its agents).
+	k3sPort := 0
+	k3sFwdFile := filepath.Join(t.TempDir(), "k3s")
+	if k3s {
+		if k3sPort, err = harness.FreePortPair(); err != nil {
+			t.Fatal(err)
+		}
+		relay := shellQuote("/usr/bin/env") + " " + shellQuote(forwardEnv+"="+k3sFwdFile) + " " + shellQuote(self)
+		netdev += ",guestfwd=tcp:" + guestK3s + ":" + strconv.Itoa(k3sPort) + "-cmd:" + strings.ReplaceAll(relay, ",", ",,")
+	}
 	cmd := exec.Command("qemu-system-x86_64",
 		"-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2", "-m", "3072",
 		"-display", "none", "-monitor", "none", "-no-reboot",
@@ -432,6 +453,10 @@ func boot(t *testing.T, image, payload, logDir, backend string, timeout time.Dur
 		t.Fatalf("kube-controller-manager, kube-scheduler: %v\n%s", err, ctl.LogTails(30))
 	}
 	t.Logf("kube-controller-manager and kube-scheduler healthy %s after QEMU's start", time.Since(start).Round(time.Second))
+	if k3s {
+		k3sControlPlane(t, kube, k3sFwdFile, k3sPort)
+		t.Logf("k3s server (no agent) for the guest's k3s-agent up %s after QEMU's start", time.Since(start).Round(time.Second))
+	}
 
 	results := suiteParser{}
 	var done bool
@@ -654,6 +679,35 @@ func guestKubeconfig(t *testing.T, src, dst string) {
 	}
 	if err := clientcmd.WriteToFile(*cfg, dst); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// k3sControlPlane starts the k3s server the guest's k3s-agent joins, points
+// the guest's forward at it and gives the guest what it needs in kube/:
+// k3s-server (the URL), k3s-token, k3s-admin.conf (the admin kubeconfig at
+// the guest's address), then k3s-ready.
+func k3sControlPlane(t *testing.T, kube, fwdFile string, port int) {
+	t.Helper()
+	k := harness.StartK3sControlPlane(t, guestK3s, port)
+	if err := os.WriteFile(fwdFile, []byte("127.0.0.1:"+strconv.Itoa(port)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	url := "https://" + guestK3s + ":" + strconv.Itoa(port)
+	cfg, err := clientcmd.LoadFromFile(k.AdminKubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cfg.Clusters {
+		c.Server = url
+	}
+	if err := clientcmd.WriteToFile(*cfg, filepath.Join(kube, "k3s-admin.conf")); err != nil {
+		t.Fatal(err)
+	}
+	// k3s-ready last: run.sh starts k3s-agent once it is there.
+	for _, f := range [][2]string{{"k3s-server", url + "\n"}, {"k3s-token", k.Token + "\n"}, {"k3s-ready", ""}} {
+		if err := os.WriteFile(filepath.Join(kube, f[0]), []byte(f[1]), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

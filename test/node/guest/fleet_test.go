@@ -48,13 +48,33 @@ var fleetTags = [2]string{"fleet-v1", "fleet-v2"}
 // restart counts), no failed request of the polling client; the figures are logged ("fleet:"
 // lines) for docs/upgrade.md and docs/reliability.md.
 func TestFleet(t *testing.T) {
-	f := newFleet(t)
+	f := newFleet(t, kubeadmNode)
+	f.run(t, fleetStep{"install", f.install}, fleetStep{"set image", f.setImage}, fleetStep{"upgrade", f.upgrade},
+		fleetStep{"kill", f.kill}, fleetStep{"uninstall", f.uninstall})
+}
+
+// TestFleetK3s is TestFleet's install, set image and uninstall on a k3s
+// agent node: k3s-agent.service on the node's containerd (run.sh starts
+// it, joined to a k3s server the host test runs without an agent), the
+// chart with kubeletLayout=k3s. The install points k3s at inplaced with a
+// file in k3s's config.yaml.d and restarts k3s-agent once; the uninstall
+// takes the file away and restarts it once more.
+func TestFleetK3s(t *testing.T) {
+	f := newFleet(t, k3sAgentNode)
+	f.run(t, fleetStep{"install", f.install}, fleetStep{"set image", f.setImage}, fleetStep{"uninstall", f.uninstall})
+}
+
+// fleetStep is a step of a fleet suite, a subtest.
+type fleetStep struct {
+	name string
+	run  func(*testing.T)
+}
+
+// run starts the pods and the polling client, runs the steps and judges the
+// client's requests.
+func (f *fleet) run(t *testing.T, steps ...fleetStep) {
 	f.startPods()
 	f.poll = startPoller("http://"+f.appIP+":8080/version", 200*time.Millisecond)
-	steps := []struct {
-		name string
-		run  func(*testing.T)
-	}{{"install", f.install}, {"set image", f.setImage}, {"upgrade", f.upgrade}, {"kill", f.kill}, {"uninstall", f.uninstall}}
 	// A failed upgrade or kill leaves inplaced installed: the later steps
 	// still run and give their figures. Without an install there is
 	// nothing to upgrade, kill or remove.
@@ -77,9 +97,29 @@ func TestFleet(t *testing.T) {
 		f.app, len(samples), failed, slowest(samples).Round(time.Millisecond))
 }
 
+// fleetNode is where a node's layout keeps kubelet: what the chart's
+// kubeletLayout names.
+type fleetNode struct {
+	layout string // the chart's kubeletLayout
+	unit   string // the unit whose main process runs kubelet
+	// endpoint is the CRI endpoint kubelet runs with now.
+	endpoint func(t *testing.T) string
+	// dropIns are what the install writes for kubelet; the uninstall
+	// removes them.
+	dropIns []string
+}
+
+var (
+	kubeadmNode = fleetNode{layout: "kubeadm", unit: "kubelet", endpoint: kubeletEndpoint,
+		dropIns: []string{"/etc/systemd/system/kubelet.service.d/10-inplaced.conf"}}
+	k3sAgentNode = fleetNode{layout: "k3s", unit: "k3s-agent", endpoint: k3sKubeletEndpoint,
+		dropIns: []string{"/etc/rancher/k3s/config.yaml.d/90-inplaced.yaml", "/etc/systemd/system/k3s-agent.service.d/10-inplaced.conf"}}
+)
+
 // fleet is the suite's state.
 type fleet struct {
 	t      *testing.T
+	node   fleetNode
 	cs     kubernetes.Interface
 	dir    string
 	helmH  string // helm's home (config, cache, data)
@@ -97,15 +137,15 @@ type podState struct {
 	restarts int32
 }
 
-func newFleet(t *testing.T) *fleet {
+func newFleet(t *testing.T, node fleetNode) *fleet {
 	dir := os.Getenv("INPLACED_FLEET_DIR")
 	harness.Require(t, "the fleet payload ($INPLACED_FLEET_DIR: helm, the chart, the images)",
 		dir != "" && fileExists(filepath.Join(dir, "helm")), "test/node puts it in the payload; run.sh passes it")
-	f := &fleet{t: t, cs: kube(t), dir: dir, helmH: t.TempDir(), app: "fleet-app"}
-	if got := kubeletEndpoint(t); got != "unix://"+containerdSocket {
+	f := &fleet{t: t, node: node, cs: kube(t), dir: dir, helmH: t.TempDir(), app: "fleet-app"}
+	waitNodeReady(t, f.cs, 3*time.Minute)
+	if got := node.endpoint(t); got != "unix://"+containerdSocket {
 		t.Fatalf("kubelet's endpoint is %q: the fleet suite starts from kubelet on containerd (run.sh)", got)
 	}
-	waitNodeReady(t, f.cs, 3*time.Minute)
 	for _, tag := range fleetTags {
 		start := time.Now()
 		if err := pushLayout(filepath.Join(dir, "images", tag), fleetRepo+":"+tag); err != nil {
@@ -138,7 +178,7 @@ func (f *fleet) startPods() {
 		}
 	}
 	f.before = f.podStates()
-	t.Logf("fleet: %d pods running %s after their creation (kubelet on containerd)", len(f.pods), time.Since(start).Round(time.Second))
+	t.Logf("fleet: %d pods running %s after their creation (kubelet of %s on containerd)", len(f.pods), time.Since(start).Round(time.Second), f.node.unit)
 }
 
 // podStates reads every pod's container ID and restart count.
@@ -183,21 +223,29 @@ func short(id string) string {
 // install is `helm install`: the DaemonSet's pod installs inplaced and
 // points kubelet at it (one kubelet restart).
 func (f *fleet) install(t *testing.T) {
-	kubeletPID := mainPID(t, "kubelet")
+	kubeletPID := mainPID(t, f.node.unit)
 	_, ready := nodeReadyCondition(t, f.cs)
 	start := time.Now()
 	f.helm(t, "install", fleetRelease, filepath.Join(f.dir, "chart"), "-n", fleetNamespace,
-		"--set", "image.repository="+fleetRepo, "--set", "image.tag="+fleetTags[0],
+		"--set", "image.repository="+fleetRepo, "--set", "image.tag="+fleetTags[0], "--set", "kubeletLayout="+f.node.layout,
 		"--set", "extraArgs[0]=--metrics-listen="+fleetMetrics)
 	f.waitRollout(t, fleetTags[0], 8*time.Minute)
 	t.Logf("fleet: helm install → installer Ready (inplaced running, kubelet on it, Node Ready) in %s", time.Since(start).Round(time.Second))
 	f.checkInstallerPod(t)
-	if got := kubeletEndpoint(t); got != "unix://"+proxySocket {
+	got := f.node.endpoint(t)
+	if got != "unix://"+proxySocket {
 		t.Errorf("kubelet's endpoint after the install: %q, want inplaced's", got)
 	}
-	if pid := mainPID(t, "kubelet"); pid == kubeletPID {
-		t.Errorf("kubelet was not restarted (pid %d): it cannot have read its new endpoint", pid)
+	pid := mainPID(t, f.node.unit)
+	if pid == kubeletPID {
+		t.Errorf("%s was not restarted (pid %d): its kubelet cannot have read its new endpoint", f.node.unit, pid)
 	}
+	for _, p := range f.node.dropIns {
+		if !fileExists(p) {
+			t.Errorf("after the install: %s is not there", p)
+		}
+	}
+	t.Logf("fleet: install: kubelet's endpoint %s (%s restarted: pid %d → %d), written %s", got, f.node.unit, kubeletPID, pid, strings.Join(f.node.dropIns, ", "))
 	f.kubeletCallsInMetrics(t)
 	f.samePods(t, "install")
 	f.nodeStayedReady(t, ready, "install")
@@ -218,7 +266,7 @@ func judgeUpgradeCalls(t *testing.T, calls []harness.CRICall) {
 // upgrade is `helm upgrade` to the other tag under the CRI client: the new
 // pod replaces inplaced's binary and restarts inplaced only.
 func (f *fleet) upgrade(t *testing.T) {
-	kubeletPID, inplacedPID := mainPID(t, "kubelet"), mainPID(t, "inplaced")
+	kubeletPID, inplacedPID := mainPID(t, f.node.unit), mainPID(t, "inplaced")
 	_, ready := nodeReadyCondition(t, f.cs)
 	swap := f.startInflight(t)
 	load := harness.StartCRILoad(t, proxySocket, criPerSecond)
@@ -239,8 +287,8 @@ func (f *fleet) upgrade(t *testing.T) {
 	}
 	swap.judge(t, f, restartedAt(t, "inplaced"))
 	logRestart(t, start)
-	if pid := mainPID(t, "kubelet"); pid != kubeletPID {
-		t.Errorf("kubelet's pid %d, was %d: the upgrade restarted kubelet", pid, kubeletPID)
+	if pid := mainPID(t, f.node.unit); pid != kubeletPID {
+		t.Errorf("%s's pid %d, was %d: the upgrade restarted kubelet", f.node.unit, pid, kubeletPID)
 	}
 	f.samePods(t, "upgrade")
 	f.nodeStayedReady(t, ready, "upgrade")
@@ -345,17 +393,20 @@ const crashSeen = time.Second
 // into uninstall; kubelet goes back to containerd and nothing of inplaced is
 // left on the host.
 func (f *fleet) uninstall(t *testing.T) {
-	kubeletPID := mainPID(t, "kubelet")
+	kubeletPID := mainPID(t, f.node.unit)
 	_, ready := nodeReadyCondition(t, f.cs)
 	start := time.Now()
 	f.helm(t, "uninstall", fleetRelease, "-n", fleetNamespace, "--timeout", "10m")
 	t.Logf("fleet: helm uninstall (its hook: every node uninstalled) in %s", time.Since(start).Round(time.Second))
-	if got := kubeletEndpoint(t); got != "unix://"+containerdSocket {
+	got := f.node.endpoint(t)
+	if got != "unix://"+containerdSocket {
 		t.Errorf("kubelet's endpoint after the uninstall: %q, want containerd's", got)
 	}
-	if pid := mainPID(t, "kubelet"); pid == kubeletPID {
-		t.Errorf("kubelet was not restarted (pid %d) after its endpoint went back", pid)
+	pid := mainPID(t, f.node.unit)
+	if pid == kubeletPID {
+		t.Errorf("%s was not restarted (pid %d) after kubelet's endpoint went back", f.node.unit, pid)
 	}
+	t.Logf("fleet: uninstall: kubelet's endpoint %s (%s restarted: pid %d → %d)", got, f.node.unit, kubeletPID, pid)
 	waitNodeReady(t, f.cs, 3*time.Minute)
 	f.podsGone(t)
 	f.nothingLeft(t)
@@ -367,10 +418,10 @@ func (f *fleet) uninstall(t *testing.T) {
 // Node.
 func (f *fleet) nothingLeft(t *testing.T) {
 	var left []string
-	for _, p := range []string{"/usr/local/bin/inplaced", "/usr/local/bin/inplacectl", "/etc/systemd/system/inplaced.service",
-		"/etc/systemd/system/inplaced.socket", "/etc/systemd/system/inplaced.service.d", "/etc/systemd/system/kubelet.service.d/10-inplaced.conf",
+	for _, p := range append([]string{"/usr/local/bin/inplaced", "/usr/local/bin/inplacectl", "/etc/systemd/system/inplaced.service",
+		"/etc/systemd/system/inplaced.socket", "/etc/systemd/system/inplaced.service.d",
 		"/etc/systemd/system/multi-user.target.wants/inplaced.service", "/etc/systemd/system/sockets.target.wants/inplaced.socket",
-		"/etc/inplaced", "/var/lib/inplaced", "/run/inplaced", proxySocket} {
+		"/etc/inplaced", "/var/lib/inplaced", "/run/inplaced", proxySocket}, f.node.dropIns...) {
 		if _, err := os.Lstat(p); err == nil {
 			left = append(left, p)
 		}

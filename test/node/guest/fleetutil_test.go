@@ -72,8 +72,8 @@ func (f *fleet) installerLogs(t *testing.T) {
 		b, _ := os.ReadFile(l)
 		t.Logf("---- %s (tail)\n%s", l, tailLines(string(b), 30))
 	}
-	out, _ := exec.Command("journalctl", "-b", "-u", "inplaced", "-u", "kubelet", "--no-pager", "-n", "40").CombinedOutput()
-	t.Logf("---- journal of inplaced and kubelet (tail)\n%s", out)
+	out, _ := exec.Command("journalctl", "-b", "-u", "inplaced", "-u", f.node.unit, "--no-pager", "-n", "40").CombinedOutput()
+	t.Logf("---- journal of inplaced and %s (tail)\n%s", f.node.unit, out)
 }
 
 func tailLines(s string, n int) string {
@@ -120,6 +120,53 @@ func kubeletEndpoint(t *testing.T) string {
 	}
 	return strings.Trim(m[1], `"'`)
 }
+
+// k3sKubeletEndpoint is the CRI endpoint k3s's agent started its kubelet
+// with, from the agent's log line "Running kubelet ..." of the unit's
+// current run (its invocation ID): what k3s made of its config.yaml and
+// config.yaml.d, not what the files say.
+func k3sKubeletEndpoint(t *testing.T) string {
+	t.Helper()
+	id := unitProps(t, "k3s-agent", "InvocationID")["InvocationID"]
+	if id == "" {
+		t.Fatal("k3s-agent has no invocation: it does not run")
+	}
+	out, err := exec.Command("journalctl", "-b", "_SYSTEMD_INVOCATION_ID="+id, "-o", "cat", "--no-pager").Output()
+	if err != nil {
+		t.Fatalf("k3s-agent's journal of invocation %s: %v", id, err)
+	}
+	var last string
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "Running kubelet") {
+			last = l
+		}
+	}
+	if m := k3sEndpointRe.FindStringSubmatch(last); m != nil {
+		return m[1]
+	}
+	// k3s of Kubernetes 1.35 gives kubelet the endpoint in a configuration
+	// drop-in of the directory it names: the last file's value wins.
+	m := k3sConfigDirRe.FindStringSubmatch(last)
+	if m == nil {
+		t.Fatalf("k3s-agent's journal of invocation %s: no kubelet started with --container-runtime-endpoint or --config-dir (%q)", id, last)
+	}
+	files, _ := filepath.Glob(filepath.Join(m[1], "*.conf"))
+	var endpoint string
+	for _, f := range files {
+		if e := endpointRe.FindStringSubmatch(readFile(t, f)); e != nil {
+			endpoint = strings.Trim(e[1], `"'`)
+		}
+	}
+	if endpoint == "" {
+		t.Fatalf("k3s-agent's kubelet configuration %s (%v): no containerRuntimeEndpoint", m[1], files)
+	}
+	return endpoint
+}
+
+var (
+	k3sEndpointRe  = regexp.MustCompile(`--container-runtime-endpoint=(\S+)`)
+	k3sConfigDirRe = regexp.MustCompile(`--config-dir=(\S+)`)
+)
 
 // mainPID is a unit's main pid (0 when it runs none).
 func mainPID(t *testing.T, unit string) int {
