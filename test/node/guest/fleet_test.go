@@ -178,7 +178,7 @@ func (f *fleet) startPods() {
 		}
 	}
 	f.before = f.podStates()
-	t.Logf("fleet: %d pods running %s after their creation (kubelet of %s on containerd)", len(f.pods), time.Since(start).Round(time.Second), f.node.unit)
+	t.Logf("fleet: %d pods running %s after their creation (kubelet run by %s.service, on containerd)", len(f.pods), time.Since(start).Round(time.Second), f.node.unit)
 }
 
 // podStates reads every pod's container ID and restart count.
