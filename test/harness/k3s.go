@@ -140,35 +140,13 @@ func StartK3sServer(tb testing.TB, b Backend, reg *Registry) *K3sServer {
 	if err != nil {
 		tb.Fatalf("k3s server: %v", err)
 	}
-	var ports [3]int
-	for i := range ports {
-		if ports[i], err = freePort(); err != nil {
-			tb.Fatalf("k3s server: %v", err)
-		}
-	}
 	s.URL = "https://127.0.0.1:" + strconv.Itoa(p)
+	settings := k3sServerSettings(tb)
 	s.startNode(b, reg, func(n *K3sNode) map[string]any {
 		s.AdminKubeconfig = filepath.Join(n.Dir, "admin.kubeconfig")
-		return map[string]any{
-			"token":             s.Token,
-			"write-kubeconfig":  s.AdminKubeconfig,
-			"bind-address":      "127.0.0.1",
-			"advertise-address": "127.0.0.1",
-			"https-listen-port": p,
-			// The test bed's network: pods get theirs from containerd's own
-			// CNI config (a bridge per containerd); no flannel, kube-proxy or
-			// network policy rules on a shared machine.
-			"flannel-backend":         "none",
-			"disable-network-policy":  true,
-			"disable-kube-proxy":      true,
-			"disable":                 []string{"traefik", "servicelb", "metrics-server", "local-storage", "coredns"},
-			"disable-helm-controller": true,
-			// Off the default ports another kube-scheduler or controller
-			// manager of the machine may hold.
-			"kube-controller-manager-arg":       []string{"secure-port=" + strconv.Itoa(ports[0])},
-			"kube-scheduler-arg":                []string{"secure-port=" + strconv.Itoa(ports[1])},
-			"kube-cloud-controller-manager-arg": []string{"secure-port=" + strconv.Itoa(ports[2])},
-		}
+		settings["token"], settings["write-kubeconfig"] = s.Token, s.AdminKubeconfig
+		settings["bind-address"], settings["advertise-address"], settings["https-listen-port"] = "127.0.0.1", "127.0.0.1", p
+		return settings
 	})
 	if err := waitFor(s.d, 2*time.Minute, s.apiReady); err != nil {
 		tb.Fatalf("k3s server %s: %v\n%s", s.Name, err, s.LogTail(60))
@@ -176,6 +154,32 @@ func StartK3sServer(tb testing.TB, b Backend, reg *Registry) *K3sServer {
 	tb.Logf("k3s server %s running in %s: pid %d, %s, inplaced %s, %s",
 		s.Name, time.Since(start).Round(time.Millisecond), s.PID(), s.URL, s.Inplaced.Endpoint, s.Containerd.Backend)
 	return s
+}
+
+// k3sServerSettings are a k3s server's settings on this test bed: the
+// network is the agents' containerd's own CNI config (a bridge per
+// containerd), so no flannel, kube-proxy or network policy rules on a shared
+// machine, and no packaged add-ons; the controllers off the default ports
+// another kube-scheduler or controller manager of the machine may hold.
+func k3sServerSettings(tb testing.TB) map[string]any {
+	tb.Helper()
+	var ports [3]int
+	for i := range ports {
+		var err error
+		if ports[i], err = freePort(); err != nil {
+			tb.Fatalf("k3s server: %v", err)
+		}
+	}
+	return map[string]any{
+		"flannel-backend":                   "none",
+		"disable-network-policy":            true,
+		"disable-kube-proxy":                true,
+		"disable":                           []string{"traefik", "servicelb", "metrics-server", "local-storage", "coredns"},
+		"disable-helm-controller":           true,
+		"kube-controller-manager-arg":       []string{"secure-port=" + strconv.Itoa(ports[0])},
+		"kube-scheduler-arg":                []string{"secure-port=" + strconv.Itoa(ports[1])},
+		"kube-cloud-controller-manager-arg": []string{"secure-port=" + strconv.Itoa(ports[2])},
+	}
 }
 
 // apiReady makes the admin client once k3s has written its kubeconfig, and

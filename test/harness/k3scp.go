@@ -4,7 +4,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -56,32 +55,14 @@ func StartK3sControlPlane(tb testing.TB, advertise string, port int) *K3sControl
 	}
 	c := &K3sControlPlane{Dir: dir, LogPath: filepath.Join(dir, "k3s.log"), Port: port, Advertise: advertise,
 		Token: randHex(16), AdminKubeconfig: filepath.Join(dir, "admin.kubeconfig")}
-	var ports [3]int
-	for i := range ports {
-		if ports[i], err = freePort(); err != nil {
-			tb.Fatalf("k3s control plane: %v", err)
-		}
+	settings := k3sServerSettings(tb)
+	for k, v := range map[string]any{
+		"disable-agent": true, "data-dir": filepath.Join(dir, "data"), "token": c.Token, "write-kubeconfig": c.AdminKubeconfig,
+		"bind-address": "127.0.0.1", "advertise-address": advertise, "tls-san": []string{advertise}, "https-listen-port": port,
+	} {
+		settings[k] = v
 	}
-	cfg, err := yaml.Marshal(map[string]any{
-		"disable-agent":           true,
-		"data-dir":                filepath.Join(dir, "data"),
-		"token":                   c.Token,
-		"write-kubeconfig":        c.AdminKubeconfig,
-		"bind-address":            "127.0.0.1",
-		"advertise-address":       advertise,
-		"tls-san":                 []string{advertise},
-		"https-listen-port":       port,
-		"flannel-backend":         "none",
-		"disable-network-policy":  true,
-		"disable-kube-proxy":      true,
-		"disable":                 []string{"traefik", "servicelb", "metrics-server", "local-storage", "coredns"},
-		"disable-helm-controller": true,
-		// Off the default ports another kube-scheduler or controller
-		// manager of the machine may hold.
-		"kube-controller-manager-arg":       []string{"secure-port=" + strconv.Itoa(ports[0])},
-		"kube-scheduler-arg":                []string{"secure-port=" + strconv.Itoa(ports[1])},
-		"kube-cloud-controller-manager-arg": []string{"secure-port=" + strconv.Itoa(ports[2])},
-	})
+	cfg, err := yaml.Marshal(settings)
 	if err != nil {
 		tb.Fatal(err)
 	}
