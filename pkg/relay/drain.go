@@ -36,7 +36,9 @@ import (
 //     attempt.
 //  3. GetContainerEvents streams end at once (Unavailable; kubelet opens
 //     the stream again). Every other call in flight, the streaming lists
-//     included, runs on until it ends or ctx does; then it is cut.
+//     included, runs on until it ends or ctx does; then it is cut (a read
+//     not yet answered is refused instead, and its caller sends it again
+//     to the next process: session.cut).
 //  4. Handover (after the daemon has settled its swaps) closes our copy of
 //     the listening socket — what comes now waits in the backlog of
 //     systemd's socket for the next process — and ends the late sessions
@@ -85,7 +87,8 @@ var drainPing = [8]byte{'i', 'n', 'p', 'l', 'a', 'c', 'e', 'd'}
 type drainState struct {
 	draining    bool
 	mode        DrainMode
-	handingOver bool // Handover began: the listeners are closed
+	handingOver bool // the listeners are closed (leaveSocket)
+	handedOver  bool // Handover began
 	handoffs    []*handoff
 	told        map[*session]bool // sessions sent the first GOAWAY
 	late        map[*session]bool // accepted during a HandOff drain: served until Handover
@@ -132,8 +135,25 @@ func (s *Server) Drain(ctx context.Context, mode DrainMode) error {
 	if s.r.grpcAll {
 		return s.drainInner(ctx)
 	}
-	return s.goAwayUntilGone(ctx, false)
+	err := s.goAwayUntil(ctx, false)
+	if err == nil {
+		return nil
+	}
+	// The grace is spent: the handover begins before the cut, so that the
+	// calls the cut refuses (session.cut) are sent again into the socket's
+	// backlog, to the next process — not to this one's late sessions,
+	// told to go away first, nor to its listener, closed.
+	if mode == HandOff {
+		s.leaveSocket()
+		s.tellLate(lateTellTimeout)
+	}
+	s.cut(false)
+	return err
 }
+
+// lateTellTimeout bounds the wait for the late sessions' callers to have
+// read their GOAWAY before a cut at the grace.
+const lateTellTimeout = time.Second
 
 // Handover ends a HandOff drain on the router, once the daemon is done
 // with its callers (step 4): it closes this process's copy of the socket,
@@ -141,9 +161,27 @@ func (s *Server) Drain(ctx context.Context, mode DrainMode) error {
 // ctx does; it then cuts what still runs and returns ctx's error.
 func (s *Server) Handover(ctx context.Context) error {
 	s.mu.Lock()
-	if !s.drain.servesLate(s.r.grpcAll) || s.drain.handingOver {
+	if !s.drain.servesLate(s.r.grpcAll) || s.drain.handedOver {
 		s.mu.Unlock()
 		return nil
+	}
+	s.drain.handedOver = true
+	s.mu.Unlock()
+	s.leaveSocket()
+	if err := s.goAwayUntil(ctx, true); err != nil {
+		s.cut(true)
+		return err
+	}
+	return nil
+}
+
+// leaveSocket closes this process's copy of the socket, once: what comes
+// now waits in the backlog of systemd's socket for the next process.
+func (s *Server) leaveSocket() {
+	s.mu.Lock()
+	if s.drain.handingOver {
+		s.mu.Unlock()
+		return
 	}
 	s.drain.handingOver = true
 	hs := s.drain.handoffs
@@ -162,30 +200,57 @@ func (s *Server) Handover(ctx context.Context) error {
 	if n > 0 {
 		s.r.log.Info("socket left to the next process; connections made during the drain told to go away", zap.Int("connections", n))
 	}
-	return s.goAwayUntilGone(ctx, true)
 }
 
-// goAwayUntilGone tells the sessions, the late ones or the others, to go
-// away until they have, or ctx ends: then it closes them and returns ctx's
-// error.
-func (s *Server) goAwayUntilGone(ctx context.Context, late bool) error {
+// tellLate tells the late sessions to go away and waits, at most timeout,
+// until each caller has read it (the drain's PING came back): a call its
+// caller sends again after that takes a new connection.
+func (s *Server) tellLate(timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for s.goAwayAll(true) > 0 && s.lateUntold() > 0 && time.Now().Before(deadline) {
+		time.Sleep(drainTick)
+	}
+}
+
+// lateUntold counts the late sessions whose caller has not acknowledged
+// the drain's GOAWAY yet.
+func (s *Server) lateUntold() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for sess := range s.sessions {
+		if s.drain.late[sess] && !sess.toldAway() {
+			n++
+		}
+	}
+	return n
+}
+
+// goAwayUntil tells the sessions, the late ones or the others, to go away
+// until they have, or ctx ends: then it returns ctx's error.
+func (s *Server) goAwayUntil(ctx context.Context, late bool) error {
 	t := time.NewTicker(drainTick)
 	defer t.Stop()
 	for s.goAwayAll(late) > 0 {
 		select {
 		case <-ctx.Done():
-			s.mu.Lock()
-			for sess := range s.sessions {
-				if s.drain.late[sess] == late {
-					sess.closeAsync()
-				}
-			}
-			s.mu.Unlock()
 			return ctx.Err()
 		case <-t.C:
 		}
 	}
 	return nil
+}
+
+// cut ends the sessions, the late ones or the others, that are still open
+// (session.cut).
+func (s *Server) cut(late bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for sess := range s.sessions {
+		if s.drain.late[sess] == late {
+			sess.cut()
+		}
+	}
 }
 
 // drainInner is Drain with every caller connection grpc-go's server's own
@@ -275,6 +340,14 @@ func (s *session) drainSoon() bool {
 
 // ping is a PING from p: acknowledged; the caller's acknowledgement of the
 // drain's PING is the moment for the last GOAWAY.
+// toldAway says whether the caller has acknowledged the drain's GOAWAY
+// (the last GOAWAY went out), or the session is over.
+func (s *session) toldAway() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.goingAway || s.closed
+}
+
 func (s *session) ping(p *peer, f *http2.PingFrame) error {
 	if f.IsAck() {
 		if p == s.down && f.Data == drainPing {

@@ -43,6 +43,20 @@ func (b *taggedRuntime) Version(ctx context.Context, req *runtimeapi.VersionRequ
 	return &runtimeapi.VersionResponse{RuntimeName: b.tag}, nil
 }
 
+// StopContainer stands for every call that changes something: it holds
+// a stop of container "hold" as Version holds, and answers the rest.
+func (b *taggedRuntime) StopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
+	if req.ContainerId == "hold" {
+		b.held <- struct{}{}
+		select {
+		case <-b.hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return &runtimeapi.StopContainerResponse{}, nil
+}
+
 // startTagged serves a taggedRuntime on a new socket in dir.
 func startTagged(t *testing.T, dir, tag string) (*taggedRuntime, string) {
 	t.Helper()
@@ -201,28 +215,76 @@ func TestDrainHandsCallersOver(t *testing.T) {
 	t.Logf("the call made after the handover waited %s and was answered by the next process", r.took.Round(time.Millisecond))
 }
 
-// TestDrainCutsAtGrace: a call still running when Drain's context ends is
-// cut with Unavailable, and Drain says so.
+// TestDrainCutsAtGrace: at the end of Drain's context, a call that may
+// have changed something (StopContainer) and still runs is cut with
+// Unavailable, and Drain says so; a read still running (Version) is
+// refused instead, and the caller's grpc-go sends it again, on its next
+// connection, to the next process on the same socket: no error. So is a
+// read still running on a connection made during the drain when the
+// handover's time is up; and the first read's second attempt does not go
+// to that connection, whose calls this process cuts next.
 func TestDrainCutsAtGrace(t *testing.T) {
+	routerOnly(t, "grpc-go's server cuts every call at its Stop")
 	dir := t.TempDir()
-	be, beSock := startTagged(t, dir, "slow")
+	be, beSock := startTagged(t, dir, "old")
 	defer close(be.hold)
+	next, nextSock := startTagged(t, dir, "next")
+	close(next.hold) // the next process's backend answers what it is sent again
 	sock := newHeldSocket(t, dir)
 	srv := sock.serve(t, beSock)
-	_, rt := kubeletClient(t, sock.path)
-	long := goVersion(rt, "hold")
+	cc, rt := kubeletClient(t, sock.path)
+	read := goVersion(rt, "hold")
+	stop := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := rt.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: "hold"})
+		stop <- err
+	}()
 	<-be.held
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
+	<-be.held
+	drained := make(chan error, 1)
 	t0 := time.Now()
-	if err := srv.Drain(ctx, HandOff); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Drain with a call that never ends: %v, want DeadlineExceeded", err)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		drained <- srv.Drain(ctx, HandOff)
+	}()
+	// During the drain the client's calls take a new connection, served by
+	// this process (a late session): one answered, one held.
+	waitState(t, cc, func(s connectivity.State) bool { return s != connectivity.Ready })
+	if r := <-goVersion(rt, ""); r.err != nil || r.resp.RuntimeName != "old" {
+		t.Fatalf("a call made during the drain: %v %v, want old's answer", r.resp, r.err)
 	}
-	if d := time.Since(t0); d > 2*time.Second {
-		t.Fatalf("Drain took %s with a 300 ms grace", d)
+	lateRead := goVersion(rt, "hold")
+	<-be.held
+	if err := <-drained; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Drain with calls that never end: %v, want DeadlineExceeded", err)
 	}
-	if r := <-long; status.Code(r.err) != codes.Unavailable {
-		t.Fatalf("the call cut at the grace: %v, want Unavailable", r.err)
+	if d := time.Since(t0); d > 4*time.Second {
+		t.Fatalf("Drain took %s with a 2 s grace", d)
+	}
+	if err := <-stop; status.Code(err) != codes.Unavailable {
+		t.Fatalf("the StopContainer cut at the grace: %v, want Unavailable", err)
+	}
+	hctx, hcancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer hcancel()
+	if err := srv.Handover(hctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Handover with a call that never ends: %v, want DeadlineExceeded", err)
+	}
+	srv.Stop() // the old process exits
+	select {
+	case r := <-read:
+		t.Fatalf("the read cut at the grace ended before a next process served the socket: %v %v", r.resp, r.err)
+	case r := <-lateRead:
+		t.Fatalf("the read cut at the handover ended before a next process served the socket: %v %v", r.resp, r.err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	sock.serve(t, nextSock)
+	for what, c := range map[string]<-chan versionResult{"the read cut at the grace": read, "the read cut at the handover": lateRead} {
+		if r := <-c; r.err != nil || r.resp.RuntimeName != "next" {
+			t.Errorf("%s: %v %v, want the next process's answer", what, r.resp, r.err)
+		}
 	}
 }
 
