@@ -298,6 +298,60 @@ func (s *Server) goAwayAll(late bool) int {
 	return open
 }
 
+// cut ends the session when a drain's time is up. A stream the caller may
+// safely send again is refused first (RST_STREAM REFUSED_STREAM, RFC 9113
+// §8.7): grpc-go's client, kubelet's, then retries the call itself, once,
+// on its next connection — the next process, from the socket's backlog —
+// instead of failing it. Such a stream is one that never went upstream,
+// or a read not yet answered: a read changes nothing in the runtime, so
+// whether the backend ran it is of no consequence. Everything else (a
+// pull, a create, a stop: what may have had its effect) is cut with the
+// connection, as a broken connection cuts it.
+func (s *session) cut() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started && !s.closed {
+		refused := false
+		for id, st := range s.streams {
+			if st.state == stateNew || st.state == stateWaiting || !st.answered && rereadable[st.method] {
+				_ = s.down.fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
+				refused = true
+			}
+		}
+		if refused {
+			_ = s.down.bw.Flush()
+		}
+	}
+	s.closeLocked()
+}
+
+// rereadable are the CRI methods that only read: running one twice is
+// running it once, so a caller may be told it did not run (cut).
+var rereadable = map[string]bool{
+	runtimeapi.RuntimeService_Version_FullMethodName:                 true,
+	runtimeapi.RuntimeService_Status_FullMethodName:                  true,
+	runtimeapi.RuntimeService_RuntimeConfig_FullMethodName:           true,
+	runtimeapi.RuntimeService_ListPodSandbox_FullMethodName:          true,
+	runtimeapi.RuntimeService_PodSandboxStatus_FullMethodName:        true,
+	runtimeapi.RuntimeService_ListContainers_FullMethodName:          true,
+	runtimeapi.RuntimeService_ContainerStatus_FullMethodName:         true,
+	runtimeapi.RuntimeService_ContainerStats_FullMethodName:          true,
+	runtimeapi.RuntimeService_ListContainerStats_FullMethodName:      true,
+	runtimeapi.RuntimeService_PodSandboxStats_FullMethodName:         true,
+	runtimeapi.RuntimeService_ListPodSandboxStats_FullMethodName:     true,
+	runtimeapi.RuntimeService_ListMetricDescriptors_FullMethodName:   true,
+	runtimeapi.RuntimeService_ListPodSandboxMetrics_FullMethodName:   true,
+	runtimeapi.RuntimeService_StreamPodSandboxes_FullMethodName:      true,
+	runtimeapi.RuntimeService_StreamContainers_FullMethodName:        true,
+	runtimeapi.RuntimeService_StreamContainerStats_FullMethodName:    true,
+	runtimeapi.RuntimeService_StreamPodSandboxStats_FullMethodName:   true,
+	runtimeapi.RuntimeService_StreamPodSandboxMetrics_FullMethodName: true,
+	runtimeapi.ImageService_ListImages_FullMethodName:                true,
+	runtimeapi.ImageService_StreamImages_FullMethodName:              true,
+	runtimeapi.ImageService_ImageStatus_FullMethodName:               true,
+	runtimeapi.ImageService_ImageFsInfo_FullMethodName:               true,
+}
+
 // handoff wraps a listener Serve is given.
 func (s *Server) handoff(lis net.Listener) net.Listener {
 	s.mu.Lock()

@@ -53,12 +53,12 @@ func TestKubernetesMode(t *testing.T) {
 			t.Run("image patch goes in place", km.testImagePatch)
 			t.Run("unpullable tag keeps the old container", km.testUnpullable)
 			onFirstBackend(t, b, "API server down", km.testAPIServerDown)
-			t.Run("env swap by annotation", km.testAnnotationEnv)
+			onFirstBackend(t, b, "env swap by annotation", km.testAnnotationEnv)
 			t.Run("bad requests refused", km.testAnnotationRefused)
-			t.Run("env from metadata", km.testEnvFromMetadata)
+			onFirstBackend(t, b, "env from metadata", km.testEnvFromMetadata)
 			onFirstBackend(t, b, "kubectl inplace swap -l", km.testKubectlPlugin)
 			// It restarts inplaced with the identity of deploy/kubernetes/rbac.yaml.
-			t.Run("image by annotation patches the spec", km.testAnnotationImage)
+			onFirstBackend(t, b, "image by annotation patches the spec", km.testAnnotationImage)
 			// Last: it restarts inplaced with --affinity-drift=refuse.
 			t.Run("affinity drift", km.testAffinityDrift)
 

@@ -270,6 +270,9 @@ func (f *fleet) upgrade(t *testing.T) {
 	_, ready := nodeReadyCondition(t, f.cs)
 	swap := f.startInflight(t)
 	load := harness.StartCRILoad(t, proxySocket, criPerSecond)
+	// The same calls straight to containerd, fewer: how slow the runtime
+	// itself was meanwhile (logged, not judged: containerd's own).
+	direct := harness.StartCRILoad(t, containerdSocket, criPerSecond/10)
 	time.Sleep(2 * time.Second)
 	start := time.Now()
 	f.helm(t, "upgrade", fleetRelease, filepath.Join(f.dir, "chart"), "-n", fleetNamespace, "--reuse-values",
@@ -281,6 +284,9 @@ func (f *fleet) upgrade(t *testing.T) {
 	s := harness.Stats(calls, time.Time{}, time.Time{})
 	t.Logf("fleet: helm upgrade %s → %s: installer Ready in %s; CRI client: %d calls, %d failed, slowest %s (at %s)",
 		fleetTags[0], fleetTags[1], took.Round(time.Second), s.Calls, s.Failed, s.Max.Round(time.Millisecond), s.MaxAt.Format("15:04:05.000"))
+	d := harness.Stats(direct.Stop(), time.Time{}, time.Time{})
+	t.Logf("fleet: upgrade: the same calls straight to containerd meanwhile: %d, %d failed, slowest %s (at %s)",
+		d.Calls, d.Failed, d.Max.Round(time.Millisecond), d.MaxAt.Format("15:04:05.000"))
 	judgeUpgradeCalls(t, calls)
 	if pid := mainPID(t, "inplaced"); pid == inplacedPID || pid == 0 {
 		t.Errorf("inplaced's main pid %d (was %d): the upgrade did not restart it", pid, inplacedPID)
