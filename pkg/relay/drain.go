@@ -392,8 +392,6 @@ func (s *session) drainSoon() bool {
 	return true
 }
 
-// ping is a PING from p: acknowledged; the caller's acknowledgement of the
-// drain's PING is the moment for the last GOAWAY.
 // toldAway says whether the caller has acknowledged the drain's GOAWAY
 // (the last GOAWAY went out), or the session is over.
 func (s *session) toldAway() bool {
@@ -402,6 +400,8 @@ func (s *session) toldAway() bool {
 	return s.goingAway || s.closed
 }
 
+// ping is a PING from p: acknowledged; the caller's acknowledgement of the
+// drain's PING is the moment for the last GOAWAY.
 func (s *session) ping(p *peer, f *http2.PingFrame) error {
 	if f.IsAck() {
 		if p == s.down && f.Data == drainPing {

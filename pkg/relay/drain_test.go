@@ -33,25 +33,30 @@ type taggedRuntime struct {
 
 func (b *taggedRuntime) Version(ctx context.Context, req *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
 	if req.Version == "hold" {
-		b.held <- struct{}{}
-		select {
-		case <-b.hold:
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		if err := b.wait(ctx); err != nil {
+			return nil, err
 		}
 	}
 	return &runtimeapi.VersionResponse{RuntimeName: b.tag}, nil
+}
+
+// wait holds a call until hold is closed, or ctx ends.
+func (b *taggedRuntime) wait(ctx context.Context) error {
+	b.held <- struct{}{}
+	select {
+	case <-b.hold:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // StopContainer stands for every call that changes something: it holds
 // a stop of container "hold" as Version holds, and answers the rest.
 func (b *taggedRuntime) StopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
 	if req.ContainerId == "hold" {
-		b.held <- struct{}{}
-		select {
-		case <-b.hold:
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		if err := b.wait(ctx); err != nil {
+			return nil, err
 		}
 	}
 	return &runtimeapi.StopContainerResponse{}, nil
